@@ -1,0 +1,86 @@
+// The PR engine: computes the participation ratio of a batch of matrices.
+//
+//   PR(W) = (sum s_i^2)^2 / sum s_i^4 = ||W||_F^4 / ||G||_F^2,
+//   G = W W^T when rows <= cols, else W^T W (the Gram on the smaller side).
+//
+// Every backend (CPU on OpenBLAS here; CUDA as a module loaded at run time)
+// implements Engine. An Engine is thread-safe: several callers may call
+// ComputePR at once; each call uses the engine's own workers.
+// This header knows nothing of gRPC or of model files.
+#ifndef RVD_KERNELS_ENGINE_H_
+#define RVD_KERNELS_ENGINE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace rvd {
+
+enum class DType { kF32, kF16, kBF16 };
+
+// Bytes per element of `dtype`.
+size_t DTypeSize(DType dtype);
+// "f32", "f16", "bf16".
+const char* DTypeName(DType dtype);
+
+// A row-major matrix in memory the caller owns: element (i, j) is at
+// data + (i * ld + j) * DTypeSize(dtype). Requires ld >= cols.
+struct MatrixView {
+  const void* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t ld = 0;  // elements between the starts of consecutive rows
+  DType dtype = DType::kF32;
+};
+
+// Which estimator to run, and its parameters.
+struct VariantSpec {
+  std::string name;           // empty: the backend's default
+  int probes = 64;            // power_iter: Hutchinson probes K
+  int sketch_rank = 64;       // sketch: Gaussian sketch rank r
+  uint64_t seed = 0;          // power_iter, sketch
+  bool hutch_plus_plus = false;  // power_iter: Hutch++ instead of Hutchinson
+};
+
+// The variant names every backend knows, in a fixed order.
+// Exact: algebraic, naive, fused. Estimates: power_iter, sketch.
+const std::vector<std::string>& KnownVariants();
+bool IsExactVariant(const std::string& name);
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  // "cpu" or "cuda".
+  virtual std::string Backend() const = 0;
+  // Identifies the code that served a measurement, e.g. "cpu-openblas-1".
+  virtual std::string Version() const = 0;
+  // The variant used when VariantSpec::name is empty.
+  virtual std::string DefaultVariant() const = 0;
+
+  // Writes PR(batch[i]) to out[i] (out.size() == batch.size()).
+  // A matrix whose entries are all zero has no spectrum: its PR is 0.
+  // Errors: INVALID_ARGUMENT for a bad view or NaN/Inf in a matrix (the
+  // message names the batch index), UNIMPLEMENTED for a variant this
+  // backend does not have (the message names the backend).
+  virtual absl::Status ComputePR(absl::Span<const MatrixView> batch,
+                                 const VariantSpec& variant,
+                                 absl::Span<double> out) = 0;
+};
+
+// The CPU engine on OpenBLAS. threads <= 0: one per core.
+std::unique_ptr<Engine> NewCpuEngine(int threads);
+
+// The float64 SVD reference: PR from the singular values of the matrix
+// converted to double, with LAPACK's dgesdd. Slow; for tests and benchmarks.
+absl::StatusOr<double> OraclePR(const MatrixView& m);
+
+}  // namespace rvd
+
+#endif  // RVD_KERNELS_ENGINE_H_
