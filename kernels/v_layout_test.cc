@@ -1,1 +1,313 @@
-// placeholder: being written
+#include "kernels/v_layout.h"
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace rvd {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// A row-major f32 tensor whose element (r, c) is r * cols + c, so every value
+// names its position (exact in f32 for the small sizes used here).
+struct Tensor {
+  std::vector<float> values;
+  TensorView view;
+};
+
+Tensor MakeTensor(int64_t rows, int64_t cols) {
+  Tensor t;
+  t.values.resize(rows * cols);
+  for (int64_t i = 0; i < rows * cols; ++i) t.values[i] = static_cast<float>(i);
+  t.view.data = t.values.data();
+  t.view.rows = rows;
+  t.view.cols = cols;
+  t.view.dtype = DType::kF32;
+  return t;
+}
+
+float At(const MatrixView& m, int64_t i, int64_t j) {
+  float v;
+  std::memcpy(&v,
+              static_cast<const uint8_t*>(m.data) + (i * m.ld + j) * sizeof(v),
+              sizeof(v));
+  return v;
+}
+
+// Maps (kv head h, row i within the head's d rows) to the tensor row that
+// holds it, written from the Hugging Face modeling code of each layout.
+using RowOf = std::function<int64_t(int64_t h, int64_t i)>;
+
+// Checks every element of the layer view and of every head view against
+// the tensor rows `row_of` names.
+void ExpectRowLayout(const Tensor& t, const VSlices& v, const HeadGeometry& g,
+                     const RowOf& row_of) {
+  const int64_t k = g.num_kv_heads, d = g.head_dim, cols = t.view.cols;
+  ASSERT_EQ(v.layer.rows, k * d);
+  ASSERT_EQ(v.layer.cols, cols);
+  ASSERT_GE(v.layer.ld, cols);
+  ASSERT_EQ(v.heads.size(), static_cast<size_t>(k));
+  for (int64_t h = 0; h < k; ++h) {
+    const MatrixView& head = v.heads[h];
+    ASSERT_EQ(head.rows, d);
+    ASSERT_EQ(head.cols, cols);
+    for (int64_t i = 0; i < d; ++i) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const float want = static_cast<float>(row_of(h, i) * cols + c);
+        ASSERT_EQ(At(v.layer, h * d + i, c), want)
+            << "layer row " << h * d + i << " col " << c;
+        ASSERT_EQ(At(head, i, c), want) << "head " << h << " row " << i;
+      }
+    }
+  }
+}
+
+bool PointsInto(const MatrixView& m, const Tensor& t) {
+  const auto* p = static_cast<const uint8_t*>(m.data);
+  const auto* b = reinterpret_cast<const uint8_t*>(t.values.data());
+  return p >= b && p < b + t.values.size() * sizeof(float);
+}
+
+TEST(VLayoutTest, NamesRoundTrip) {
+  for (int i = 1; i <= 7; ++i) {
+    const auto layout = static_cast<VLayout>(i);
+    absl::StatusOr<VLayout> parsed = ParseVLayout(VLayoutName(layout));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, layout);
+  }
+  absl::StatusOr<VLayout> bad = ParseVLayout("fused_qkv");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(),
+              AllOf(HasSubstr("fused_qkv"), HasSubstr("phi3_qkv")));
+}
+
+TEST(SliceVTest, Separate) {
+  const HeadGeometry g{8, 2, 3};
+  Tensor t = MakeTensor(2 * 3, 7);  // [K*d, D]
+  absl::StatusOr<VSlices> v = SliceV(t.view, VLayout::kSeparate, g);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ExpectRowLayout(t, *v, g, [&](int64_t h, int64_t i) { return h * 3 + i; });
+  EXPECT_TRUE(v->gathered.empty());
+  EXPECT_EQ(v->layer.data, t.view.data);
+}
+
+TEST(SliceVTest, Phi3Qkv) {
+  // qkv[..., :H*d] = Q, [H*d, (H+K)*d) = K, [(H+K)*d, ...) = V.
+  const HeadGeometry g{6, 2, 4};
+  Tensor t = MakeTensor((6 + 2 * 2) * 4, 5);
+  absl::StatusOr<VSlices> v = SliceV(t.view, VLayout::kPhi3Qkv, g);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ExpectRowLayout(t, *v, g,
+                  [&](int64_t h, int64_t i) { return (6 + 2) * 4 + h * 4 + i; });
+  EXPECT_TRUE(v->gathered.empty());
+  EXPECT_TRUE(PointsInto(v->layer, t));
+}
+
+TEST(SliceVTest, GptNeoxQkvGathersInterleavedHeads) {
+  // qkv.view(..., H, 3*d): head h owns rows [h*3d, h*3d+3d) as (q, k, v).
+  const HeadGeometry g{4, 4, 2};
+  Tensor t = MakeTensor(4 * 3 * 2, 5);
+  absl::StatusOr<VSlices> v = SliceV(t.view, VLayout::kGptNeoxQkv, g);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ExpectRowLayout(t, *v, g,
+                  [&](int64_t h, int64_t i) { return h * 6 + 2 * 2 + i; });
+  EXPECT_EQ(v->gathered.size(), 4u * 2 * 5 * sizeof(float));
+  EXPECT_EQ(v->layer.data, v->gathered.data());
+}
+
+TEST(SliceVTest, FalconClassicIsGptNeoxOrder) {
+  // fused_qkv.view(..., H, 3, d)[..., 2, :].
+  const HeadGeometry g{3, 3, 4};
+  Tensor t = MakeTensor(3 * 3 * 4, 6);
+  absl::StatusOr<VSlices> v = SliceV(t.view, VLayout::kFalconClassic, g);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ExpectRowLayout(t, *v, g,
+                  [&](int64_t h, int64_t i) { return (h * 3 + 2) * 4 + i; });
+}
+
+TEST(SliceVTest, FalconMultiQuery) {
+  // fused_qkv.view(..., H + 2, d)[..., [-1], :].
+  const HeadGeometry g{5, 1, 3};
+  Tensor t = MakeTensor((5 + 2) * 3, 4);
+  absl::StatusOr<VSlices> v = SliceV(t.view, VLayout::kFalconMultiQuery, g);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ExpectRowLayout(t, *v, g, [&](int64_t, int64_t i) { return 6 * 3 + i; });
+  EXPECT_TRUE(v->gathered.empty());
+}
+
+TEST(SliceVTest, FalconGroupedGathersEachGroupsLastBlock) {
+  // qkv.view(..., K, H/K + 2, d)[:, :, :, [-1]].
+  const HeadGeometry g{8, 2, 3};
+  Tensor t = MakeTensor(2 * (8 / 2 + 2) * 3, 5);
+  absl::StatusOr<VSlices> v = SliceV(t.view, VLayout::kFalconGrouped, g);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ExpectRowLayout(t, *v, g, [&](int64_t h, int64_t i) {
+    const int64_t per_group = 8 / 2 + 2;
+    return (h * per_group + per_group - 1) * 3 + i;
+  });
+  EXPECT_FALSE(v->gathered.empty());
+}
+
+TEST(SliceVTest, FalconGroupedOneGroupNeedsNoCopy) {
+  const HeadGeometry g{4, 1, 2};
+  Tensor t = MakeTensor((4 + 2) * 2, 3);
+  absl::StatusOr<VSlices> v = SliceV(t.view, VLayout::kFalconGrouped, g);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ExpectRowLayout(t, *v, g, [&](int64_t, int64_t i) { return 5 * 2 + i; });
+  EXPECT_TRUE(v->gathered.empty());
+}
+
+TEST(SliceVTest, FalconGroupedOneQueryHeadPerGroup) {
+  const HeadGeometry g{4, 4, 2};
+  Tensor t = MakeTensor(4 * 3 * 2, 3);
+  absl::StatusOr<VSlices> v = SliceV(t.view, VLayout::kFalconGrouped, g);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ExpectRowLayout(t, *v, g,
+                  [&](int64_t h, int64_t i) { return (h * 3 + 2) * 2 + i; });
+}
+
+TEST(SliceVTest, Gpt2Conv1DIsAStridedViewOfTheColumns) {
+  // Conv1D weight [D, 3D]; c_attn(x).split(D, dim=2)[2] is V, and head h is
+  // its columns [h*d, h*d + d).
+  const int64_t h = 3, d = 2, hidden = h * d;
+  const HeadGeometry g{h, h, d};
+  Tensor t = MakeTensor(hidden, 3 * hidden);
+  absl::StatusOr<VSlices> v = SliceV(t.view, VLayout::kGpt2Conv1D, g);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_TRUE(v->gathered.empty());
+  ASSERT_EQ(v->layer.rows, hidden);
+  ASSERT_EQ(v->layer.cols, hidden);
+  ASSERT_EQ(v->layer.ld, 3 * hidden);
+  ASSERT_EQ(v->heads.size(), static_cast<size_t>(h));
+  for (int64_t r = 0; r < hidden; ++r) {
+    for (int64_t c = 0; c < hidden; ++c) {
+      ASSERT_EQ(At(v->layer, r, c), r * 3 * hidden + 2 * hidden + c);
+    }
+  }
+  for (int64_t head = 0; head < h; ++head) {
+    const MatrixView& m = v->heads[head];
+    ASSERT_EQ(m.rows, hidden);
+    ASSERT_EQ(m.cols, d);
+    ASSERT_EQ(m.ld, 3 * hidden);
+    for (int64_t r = 0; r < hidden; ++r) {
+      for (int64_t c = 0; c < d; ++c) {
+        ASSERT_EQ(At(m, r, c), r * 3 * hidden + 2 * hidden + head * d + c);
+      }
+    }
+  }
+}
+
+TEST(SliceVTest, GatheredViewsSurviveAMove) {
+  const HeadGeometry g{4, 4, 2};
+  Tensor t = MakeTensor(4 * 3 * 2, 5);
+  absl::StatusOr<VSlices> v = SliceV(t.view, VLayout::kGptNeoxQkv, g);
+  ASSERT_TRUE(v.ok());
+  VSlices moved = std::move(*v);
+  ExpectRowLayout(t, moved, g,
+                  [&](int64_t h, int64_t i) { return h * 6 + 2 * 2 + i; });
+}
+
+TEST(SliceVTest, GathersHalfPrecisionBytesUnchanged) {
+  const HeadGeometry g{2, 2, 2};
+  std::vector<uint16_t> bits(2 * 3 * 2 * 3);
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = 0x3c00 + i;
+  TensorView t{bits.data(), 12, 3, DType::kBF16};
+  absl::StatusOr<VSlices> v = SliceV(t, VLayout::kGptNeoxQkv, g);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->layer.dtype, DType::kBF16);
+  ASSERT_EQ(v->gathered.size(), 2u * 2 * 3 * 2);
+  for (int64_t h = 0; h < 2; ++h) {
+    for (int64_t i = 0; i < 2; ++i) {
+      for (int64_t c = 0; c < 3; ++c) {
+        uint16_t got;
+        std::memcpy(&got,
+                    static_cast<const uint8_t*>(v->heads[h].data) +
+                        (i * v->heads[h].ld + c) * 2,
+                    2);
+        EXPECT_EQ(got, bits[((h * 3 + 2) * 2 + i) * 3 + c]);
+      }
+    }
+  }
+}
+
+// --- Mismatches -------------------------------------------------------------
+
+void ExpectInvalid(const absl::StatusOr<VSlices>& v,
+                   const std::vector<std::string>& needles) {
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
+  for (const std::string& n : needles) {
+    EXPECT_THAT(v.status().message(), HasSubstr(n));
+  }
+}
+
+TEST(SliceVTest, WrongShapeNamesLayoutGeometryAndBothShapes) {
+  Tensor t = MakeTensor(10, 7);
+  ExpectInvalid(SliceV(t.view, VLayout::kSeparate, HeadGeometry{8, 2, 4}),
+                {"separate", "num_kv_heads=2", "head_dim=4", "[8, D]",
+                 "[10, 7]"});
+}
+
+TEST(SliceVTest, Phi3TensorDeclaredSeparateIsCaughtWithAHint) {
+  const HeadGeometry g{4, 4, 2};
+  Tensor t = MakeTensor((4 + 2 * 4) * 2, 8);
+  ExpectInvalid(SliceV(t.view, VLayout::kSeparate, g),
+                {"separate", "[8, D]", "[24, 8]", "phi3_qkv"});
+}
+
+TEST(SliceVTest, SeparateTensorDeclaredPhi3IsCaught) {
+  Tensor t = MakeTensor(8, 8);
+  ExpectInvalid(SliceV(t.view, VLayout::kPhi3Qkv, HeadGeometry{4, 4, 2}),
+                {"phi3_qkv", "[24, D]", "[8, 8]", "separate"});
+}
+
+TEST(SliceVTest, Gpt2ChecksTheHiddenSize) {
+  Tensor t = MakeTensor(6, 12);  // [D, 2D], not [D, 3D]
+  ExpectInvalid(SliceV(t.view, VLayout::kGpt2Conv1D, HeadGeometry{3, 3, 2}),
+                {"gpt2_conv1d", "[6, 18]", "[6, 12]"});
+}
+
+TEST(SliceVTest, WrongKvHeadsForLayoutsThatFixIt) {
+  Tensor t = MakeTensor(24, 4);
+  ExpectInvalid(SliceV(t.view, VLayout::kGptNeoxQkv, HeadGeometry{4, 2, 2}),
+                {"gpt_neox_qkv", "num_kv_heads must equal num_heads"});
+  ExpectInvalid(SliceV(t.view, VLayout::kFalconClassic, HeadGeometry{4, 1, 2}),
+                {"falcon_classic", "num_kv_heads must equal num_heads"});
+  ExpectInvalid(SliceV(t.view, VLayout::kGpt2Conv1D, HeadGeometry{4, 1, 2}),
+                {"gpt2_conv1d", "num_kv_heads must equal num_heads"});
+  ExpectInvalid(
+      SliceV(t.view, VLayout::kFalconMultiQuery, HeadGeometry{10, 2, 2}),
+      {"falcon_multi_query", "num_kv_heads must be 1"});
+}
+
+TEST(SliceVTest, BadGeometry) {
+  Tensor t = MakeTensor(8, 4);
+  ExpectInvalid(SliceV(t.view, VLayout::kSeparate, HeadGeometry{0, 1, 8}),
+                {"positive"});
+  ExpectInvalid(SliceV(t.view, VLayout::kSeparate, HeadGeometry{4, 1, -8}),
+                {"positive"});
+  ExpectInvalid(SliceV(t.view, VLayout::kSeparate, HeadGeometry{6, 4, 2}),
+                {"multiple of num_kv_heads"});
+  ExpectInvalid(SliceV(t.view, VLayout::kSeparate,
+                       HeadGeometry{int64_t{1} << 62, int64_t{1} << 62, 8}),
+                {"overflow"});
+  ExpectInvalid(SliceV(t.view, static_cast<VLayout>(42), HeadGeometry{4, 4, 2}),
+                {"unknown V layout"});
+}
+
+TEST(SliceVTest, EmptyTensor) {
+  TensorView t{nullptr, 0, 0, DType::kF32};
+  ExpectInvalid(SliceV(t, VLayout::kSeparate, HeadGeometry{1, 1, 1}),
+                {"empty tensor"});
+}
+
+}  // namespace
+}  // namespace rvd
