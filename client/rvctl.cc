@@ -1,1 +1,338 @@
-int main() { return 0; }
+// rvctl: the command-line client of rvd.
+//
+//   rvctl [--address HOST:PORT] measure PATH --model-id ID [--step N]
+//         [--early A-B] [--late A-B] [--per-head] [--variant NAME] [--json]
+//   rvctl history ID [--limit N] [--json|--csv]
+//   rvctl latest ID [--json]
+//   rvctl models [--json]
+//   rvctl watch [ID] [--json]
+//
+// PATH is a Hugging Face model directory or one .safetensors file (then
+// --arch and the head flags). Exit status: 0 on success, 1 when rvd or the
+// checkpoint reports an error (the message is printed), 2 on usage errors.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "client/cpp/model_loader.h"
+#include "client/cpp/rvd_client.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, address, "127.0.0.1:50051", "rvd's gRPC HOST:PORT");
+ABSL_FLAG(std::string, model_id, "", "measure: the model id, [A-Za-z0-9_.:-]{1,128}");
+ABSL_FLAG(int64_t, step, 0, "measure: the training step");
+ABSL_FLAG(std::string, early, "",
+          "measure: early layers, 'A-B' (inclusive) or 'A,B,C'; default first quarter");
+ABSL_FLAG(std::string, late, "",
+          "measure: late layers, 'A-B' (inclusive) or 'A,B,C'; default last quarter");
+ABSL_FLAG(bool, per_head, false, "measure: also the PR of every head");
+ABSL_FLAG(std::string, variant, "", "measure: algebraic|naive|power_iter|sketch|fused");
+ABSL_FLAG(uint32_t, probes, 0, "measure: power_iter probes K (0: default)");
+ABSL_FLAG(uint32_t, sketch_rank, 0, "measure: sketch rank r (0: default)");
+ABSL_FLAG(uint64_t, seed, 0, "measure: seed of power_iter and sketch");
+ABSL_FLAG(std::string, arch, "", "measure: model_type for a single .safetensors file");
+ABSL_FLAG(int64_t, num_heads, 0, "measure: query heads (single file, or override)");
+ABSL_FLAG(int64_t, num_kv_heads, 0, "measure: kv heads (single file, or override)");
+ABSL_FLAG(int64_t, head_dim, 0, "measure: head dim (single file, or override)");
+ABSL_FLAG(std::string, architectures, "",
+          "YAML architecture table (default: the built-in config/architectures.yaml)");
+ABSL_FLAG(uint32_t, limit, 0, "history: newest N measurements (0: all kept)");
+ABSL_FLAG(bool, json, false, "print JSON");
+ABSL_FLAG(bool, csv, false, "history: print CSV");
+
+namespace {
+
+using nlohmann::json;
+using rvd::v1::Measurement;
+
+constexpr int kUsageError = 2;
+constexpr int kFailure = 1;
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "rvctl: %s: %s\n",
+               absl::StatusCodeToString(s.code()).c_str(),
+               std::string(s.message()).c_str());
+  return kFailure;
+}
+
+int Usage(const std::string& why) {
+  std::fprintf(stderr, "rvctl: %s\n%s\n", why.c_str(),
+               absl::ProgramUsageMessage().data());
+  return kUsageError;
+}
+
+// Accepts "A-B" (inclusive) or "A,B,C".
+absl::StatusOr<std::vector<uint32_t>> ParseLayers(const std::string& text) {
+  std::vector<uint32_t> layers;
+  if (text.empty()) return layers;
+  std::vector<std::string> range = absl::StrSplit(text, '-');
+  uint32_t a, b;
+  if (range.size() == 2 && absl::SimpleAtoi(range[0], &a) &&
+      absl::SimpleAtoi(range[1], &b) && a <= b) {
+    for (uint32_t l = a; l <= b; ++l) layers.push_back(l);
+    return layers;
+  }
+  for (const std::string& part : absl::StrSplit(text, ',')) {
+    if (!absl::SimpleAtoi(part, &a)) {
+      return absl::InvalidArgumentError(
+          "bad layer set '" + text + "': expected A-B or A,B,C");
+    }
+    layers.push_back(a);
+  }
+  return layers;
+}
+
+std::string Timestamp(const Measurement& m) {
+  absl::Time t = absl::FromUnixSeconds(m.timestamp().seconds()) +
+                 absl::Nanoseconds(m.timestamp().nanos());
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", t, absl::UTCTimeZone());
+}
+
+json ToJson(const Measurement& m) {
+  json per_layer = json::object(), per_head = json::object();
+  for (const rvd::v1::LayerPR& l : m.layers()) {
+    per_layer[std::to_string(l.layer())] = l.pr();
+    if (l.head_pr_size() > 0) {
+      per_head[std::to_string(l.layer())] =
+          std::vector<double>(l.head_pr().begin(), l.head_pr().end());
+    }
+  }
+  return json{
+      {"model_id", m.model_id()},
+      {"step", m.step()},
+      {"rv", m.has_rv() ? json(m.rv()) : json(nullptr)},
+      {"per_layer_pr", per_layer},
+      {"per_head_pr", per_head},
+      {"early_layers", std::vector<uint32_t>(m.early_layers().begin(),
+                                             m.early_layers().end())},
+      {"late_layers", std::vector<uint32_t>(m.late_layers().begin(),
+                                            m.late_layers().end())},
+      {"variant", m.variant()},
+      {"backend", m.backend()},
+      {"engine_version", m.engine_version()},
+      {"elapsed_ms", m.elapsed_ms()},
+      {"timestamp", Timestamp(m)},
+      {"warnings", std::vector<std::string>(m.warnings().begin(),
+                                            m.warnings().end())},
+  };
+}
+
+std::string RvText(const Measurement& m) {
+  return m.has_rv() ? std::to_string(m.rv()) : "absent";
+}
+
+void PrintText(const Measurement& m) {
+  std::printf("model %s step %lld at %s\n", m.model_id().c_str(),
+              static_cast<long long>(m.step()), Timestamp(m).c_str());
+  std::printf("R_V %s  (variant %s, backend %s, engine %s, %.3f ms)\n",
+              RvText(m).c_str(), m.variant().c_str(), m.backend().c_str(),
+              m.engine_version().c_str(), m.elapsed_ms());
+  for (const rvd::v1::LayerPR& l : m.layers()) {
+    std::printf("  layer %4u  PR %10.4f", l.layer(), l.pr());
+    for (double h : l.head_pr()) std::printf(" %.3f", h);
+    std::printf("\n");
+  }
+  for (const std::string& w : m.warnings()) {
+    std::printf("warning: %s\n", w.c_str());
+  }
+}
+
+void PrintMeasurement(const Measurement& m) {
+  if (absl::GetFlag(FLAGS_json)) {
+    std::cout << ToJson(m).dump() << std::endl;
+  } else {
+    PrintText(m);
+  }
+}
+
+// Draws a bar on stderr once a push has taken more than half a second, and
+// only when stderr is a terminal.
+class ProgressBar {
+ public:
+  ProgressBar() : enabled_(isatty(STDERR_FILENO)) {}
+  ~ProgressBar() {
+    if (drawn_) std::fprintf(stderr, "\n");
+  }
+  void Update(uint64_t sent, uint64_t total) {
+    if (!enabled_ || std::chrono::steady_clock::now() - start_ <
+                         std::chrono::milliseconds(500)) {
+      return;
+    }
+    const int width = 40;
+    const int filled = total == 0 ? width : static_cast<int>(width * sent / total);
+    std::fprintf(stderr, "\r[%s%s] %6.1f / %.1f MB", std::string(filled, '#').c_str(),
+                 std::string(width - filled, ' ').c_str(), sent / 1e6,
+                 total / 1e6);
+    drawn_ = true;
+  }
+
+ private:
+  const bool enabled_;
+  bool drawn_ = false;
+  const std::chrono::steady_clock::time_point start_ =
+      std::chrono::steady_clock::now();
+};
+
+int Measure(rvd::RvdClient& client, const std::string& path) {
+  const std::string model_id = absl::GetFlag(FLAGS_model_id);
+  if (model_id.empty()) return Usage("measure needs --model-id");
+  absl::StatusOr<std::vector<uint32_t>> early =
+      ParseLayers(absl::GetFlag(FLAGS_early));
+  absl::StatusOr<std::vector<uint32_t>> late =
+      ParseLayers(absl::GetFlag(FLAGS_late));
+  if (!early.ok()) return Usage(std::string(early.status().message()));
+  if (!late.ok()) return Usage(std::string(late.status().message()));
+
+  absl::StatusOr<rvd::ArchitectureTable> table =
+      absl::GetFlag(FLAGS_architectures).empty()
+          ? rvd::DefaultArchitectureTable()
+          : rvd::LoadArchitectureTableFile(absl::GetFlag(FLAGS_architectures));
+  if (!table.ok()) return Fail(table.status());
+  rvd::LoadOptions options;
+  options.arch = absl::GetFlag(FLAGS_arch);
+  options.num_heads = absl::GetFlag(FLAGS_num_heads);
+  options.num_kv_heads = absl::GetFlag(FLAGS_num_kv_heads);
+  options.head_dim = absl::GetFlag(FLAGS_head_dim);
+  absl::StatusOr<rvd::LoadedModel> model = rvd::LoadModel(path, *table, options);
+  if (!model.ok()) return Fail(model.status());
+
+  rvd::v1::MeasureHeader header;
+  header.set_model_id(model_id);
+  header.set_step(absl::GetFlag(FLAGS_step));
+  for (uint32_t l : *early) header.add_early_layers(l);
+  for (uint32_t l : *late) header.add_late_layers(l);
+  header.set_per_head(absl::GetFlag(FLAGS_per_head));
+  header.mutable_variant()->set_name(absl::GetFlag(FLAGS_variant));
+  header.mutable_variant()->set_probes(absl::GetFlag(FLAGS_probes));
+  header.mutable_variant()->set_sketch_rank(absl::GetFlag(FLAGS_sketch_rank));
+  header.mutable_variant()->set_seed(absl::GetFlag(FLAGS_seed));
+  for (rvd::v1::TensorSpec& spec : rvd::TensorSpecs(*model)) {
+    *header.add_tensors() = std::move(spec);
+  }
+  absl::StatusOr<Measurement> m;
+  {
+    ProgressBar bar;
+    m = client.Measure(header, *model,
+                       [&bar](uint64_t sent, uint64_t total) { bar.Update(sent, total); });
+  }
+  if (!m.ok()) return Fail(m.status());
+  PrintMeasurement(*m);
+  return 0;
+}
+
+int History(rvd::RvdClient& client, const std::string& model_id) {
+  absl::StatusOr<std::vector<Measurement>> ms =
+      client.GetHistory(model_id, absl::GetFlag(FLAGS_limit));
+  if (!ms.ok()) return Fail(ms.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    json all = json::array();
+    for (const Measurement& m : *ms) all.push_back(ToJson(m));
+    std::cout << all.dump() << std::endl;
+  } else if (absl::GetFlag(FLAGS_csv)) {
+    std::printf("model_id,step,timestamp,rv,variant,backend,elapsed_ms\n");
+    for (const Measurement& m : *ms) {
+      std::printf("%s,%lld,%s,%s,%s,%s,%.6f\n", m.model_id().c_str(),
+                  static_cast<long long>(m.step()), Timestamp(m).c_str(),
+                  m.has_rv() ? std::to_string(m.rv()).c_str() : "",
+                  m.variant().c_str(), m.backend().c_str(), m.elapsed_ms());
+    }
+  } else {
+    for (const Measurement& m : *ms) {
+      std::printf("%s  step %-10lld R_V %-12s %s/%s %.3f ms\n",
+                  Timestamp(m).c_str(), static_cast<long long>(m.step()),
+                  RvText(m).c_str(), m.variant().c_str(), m.backend().c_str(),
+                  m.elapsed_ms());
+    }
+  }
+  return 0;
+}
+
+int Models(rvd::RvdClient& client) {
+  absl::StatusOr<std::vector<rvd::v1::ModelSummary>> models = client.ListModels();
+  if (!models.ok()) return Fail(models.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    json all = json::array();
+    for (const auto& s : *models) {
+      all.push_back({{"model_id", s.model_id()},
+                     {"measurements", s.measurements()},
+                     {"latest", ToJson(s.latest())}});
+    }
+    std::cout << all.dump() << std::endl;
+    return 0;
+  }
+  for (const auto& s : *models) {
+    std::printf("%-40s %6llu measurements  latest step %lld  R_V %s\n",
+                s.model_id().c_str(),
+                static_cast<unsigned long long>(s.measurements()),
+                static_cast<long long>(s.latest().step()),
+                RvText(s.latest()).c_str());
+  }
+  return 0;
+}
+
+// Lets users write --model-id as well as --model_id: absl flag names are
+// identifiers, the CLI convention is dashes.
+std::vector<char*> DashesToUnderscores(int argc, char** argv) {
+  for (int i = 1; i < argc && std::string(argv[i]) != "--"; ++i) {
+    if (argv[i][0] != '-' || argv[i][1] != '-') continue;
+    for (char* c = argv[i] + 2; *c != '\0' && *c != '='; ++c) *c = *c == '-' ? '_' : *c;
+  }
+  return std::vector<char*>(argv, argv + argc);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "usage:\n"
+      "  rvctl [--address HOST:PORT] measure PATH --model-id ID [--step N]\n"
+      "        [--early A-B] [--late A-B] [--per-head] [--variant NAME] [--json]\n"
+      "        [--arch TYPE --num-heads H --num-kv-heads K --head-dim D]\n"
+      "  rvctl history ID [--limit N] [--json|--csv]\n"
+      "  rvctl latest ID [--json]\n"
+      "  rvctl models [--json]\n"
+      "  rvctl watch [ID] [--json]");
+  std::vector<char*> args = DashesToUnderscores(argc, argv);
+  std::vector<char*> positional = absl::ParseCommandLine(args.size(), args.data());
+  if (positional.size() < 2) return Usage("no command given");
+  const std::string command = positional[1];
+  const std::string arg = positional.size() > 2 ? positional[2] : "";
+  if (positional.size() > 3) return Usage("too many arguments");
+  rvd::RvdClient client(absl::GetFlag(FLAGS_address));
+
+  if (command == "measure") {
+    if (arg.empty()) return Usage("measure needs a PATH");
+    return Measure(client, arg);
+  }
+  if (command == "history") {
+    if (arg.empty()) return Usage("history needs a model id");
+    return History(client, arg);
+  }
+  if (command == "latest") {
+    if (arg.empty()) return Usage("latest needs a model id");
+    absl::StatusOr<Measurement> m = client.GetLatest(arg);
+    if (!m.ok()) return Fail(m.status());
+    PrintMeasurement(*m);
+    return 0;
+  }
+  if (command == "models") return Models(client);
+  if (command == "watch") {
+    absl::Status s = client.Watch(arg, [](const Measurement& m) {
+      PrintMeasurement(m);
+      std::fflush(stdout);
+      return true;
+    });
+    return s.ok() ? 0 : Fail(s);
+  }
+  return Usage("unknown command '" + command + "'");
+}

@@ -1,1 +1,149 @@
-// placeholder: being written
+#include "client/cpp/rvd_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace rvd {
+namespace {
+
+constexpr uint64_t kChunkBytes = 4ull << 20;  // the protocol's maximum
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      s.error_message());
+}
+
+rvd::v1::DType ToProto(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return rvd::v1::DTYPE_F32;
+    case DType::kF16: return rvd::v1::DTYPE_F16;
+    case DType::kBF16: return rvd::v1::DTYPE_BF16;
+  }
+  return rvd::v1::DTYPE_UNSPECIFIED;
+}
+
+}  // namespace
+
+std::vector<rvd::v1::TensorSpec> TensorSpecs(const LoadedModel& model) {
+  std::vector<rvd::v1::TensorSpec> specs;
+  for (const ModelTensor& t : model.tensors) {
+    rvd::v1::TensorSpec& spec = specs.emplace_back();
+    spec.set_name(t.name);
+    spec.set_layer(t.layer);
+    spec.set_dtype(ToProto(t.dtype));
+    spec.add_shape(t.rows);
+    spec.add_shape(t.cols);
+    // VLayout mirrors the proto enum's numbering.
+    spec.set_layout(static_cast<rvd::v1::VLayout>(t.layout));
+    spec.mutable_geometry()->set_num_heads(t.geometry.num_heads);
+    spec.mutable_geometry()->set_num_kv_heads(t.geometry.num_kv_heads);
+    spec.mutable_geometry()->set_head_dim(t.geometry.head_dim);
+  }
+  return specs;
+}
+
+RvdClient::RvdClient(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  stub_ = rvd::v1::Rvd::NewStub(grpc::CreateCustomChannel(
+      address, grpc::InsecureChannelCredentials(), args));
+}
+
+absl::StatusOr<rvd::v1::Measurement> RvdClient::Measure(
+    const rvd::v1::MeasureHeader& header, const LoadedModel& model,
+    const ProgressFn& progress) {
+  uint64_t total = 0;
+  for (const ModelTensor& t : model.tensors) total += t.bytes;
+  grpc::ClientContext context;
+  rvd::v1::Measurement response;
+  std::unique_ptr<grpc::ClientWriter<rvd::v1::MeasureChunk>> writer =
+      stub_->MeasureStream(&context, &response);
+  rvd::v1::MeasureChunk chunk;
+  *chunk.mutable_header() = header;
+  bool open = writer->Write(chunk);
+  chunk.clear_header();
+  uint64_t sent = 0;
+  for (size_t i = 0; open && i < model.tensors.size(); ++i) {
+    const ModelTensor& t = model.tensors[i];
+    for (uint64_t offset = 0; open && offset < t.bytes; offset += kChunkBytes) {
+      const uint64_t n = std::min<uint64_t>(kChunkBytes, t.bytes - offset);
+      chunk.set_tensor_index(i);
+      chunk.set_offset(offset);
+      chunk.set_data(t.data + offset, n);
+      open = writer->Write(chunk);
+      sent += n;
+      if (progress) progress(sent, total);
+    }
+  }
+  // When a Write fails the daemon has already answered; Finish reports why.
+  writer->WritesDone();
+  if (absl::Status s = FromGrpc(writer->Finish()); !s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<rvd::v1::Measurement> RvdClient::GetLatest(
+    const std::string& model_id) {
+  grpc::ClientContext context;
+  rvd::v1::GetLatestRequest request;
+  request.set_model_id(model_id);
+  rvd::v1::Measurement response;
+  if (absl::Status s = FromGrpc(stub_->GetLatest(&context, request, &response));
+      !s.ok()) {
+    return s;
+  }
+  return response;
+}
+
+absl::StatusOr<std::vector<rvd::v1::Measurement>> RvdClient::GetHistory(
+    const std::string& model_id, uint32_t limit) {
+  grpc::ClientContext context;
+  rvd::v1::GetHistoryRequest request;
+  request.set_model_id(model_id);
+  request.set_limit(limit);
+  rvd::v1::GetHistoryResponse response;
+  if (absl::Status s =
+          FromGrpc(stub_->GetHistory(&context, request, &response));
+      !s.ok()) {
+    return s;
+  }
+  return std::vector<rvd::v1::Measurement>(response.measurements().begin(),
+                                           response.measurements().end());
+}
+
+absl::StatusOr<std::vector<rvd::v1::ModelSummary>> RvdClient::ListModels() {
+  grpc::ClientContext context;
+  rvd::v1::ListModelsResponse response;
+  if (absl::Status s = FromGrpc(
+          stub_->ListModels(&context, rvd::v1::ListModelsRequest(), &response));
+      !s.ok()) {
+    return s;
+  }
+  return std::vector<rvd::v1::ModelSummary>(response.models().begin(),
+                                            response.models().end());
+}
+
+absl::Status RvdClient::Watch(
+    const std::string& model_id,
+    const std::function<bool(const rvd::v1::Measurement&)>& on_measurement) {
+  grpc::ClientContext context;
+  rvd::v1::WatchRequest request;
+  request.set_model_id(model_id);
+  std::unique_ptr<grpc::ClientReader<rvd::v1::Measurement>> reader =
+      stub_->WatchMeasurements(&context, request);
+  rvd::v1::Measurement m;
+  while (reader->Read(&m)) {
+    if (!on_measurement(m)) {
+      context.TryCancel();
+      break;
+    }
+  }
+  grpc::Status s = reader->Finish();
+  if (s.error_code() == grpc::StatusCode::CANCELLED) return absl::OkStatus();
+  return FromGrpc(s);
+}
+
+}  // namespace rvd

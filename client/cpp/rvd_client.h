@@ -1,0 +1,53 @@
+// A C++ client of rvd.v1.Rvd: measures a checkpoint loaded by
+// model_loader.h (tensors streamed in chunks of at most 4 MiB), and reads
+// history. One RvdClient per channel; thread-compatible.
+#ifndef RVD_CLIENT_CPP_RVD_CLIENT_H_
+#define RVD_CLIENT_CPP_RVD_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/cpp/model_loader.h"
+#include "rvd/v1/rvd.grpc.pb.h"
+
+namespace rvd {
+
+// Called after each chunk with (bytes sent, bytes in all).
+using ProgressFn = std::function<void(uint64_t, uint64_t)>;
+
+// The specs of a loaded model's V tensors, in the model's order.
+std::vector<rvd::v1::TensorSpec> TensorSpecs(const LoadedModel& model);
+
+class RvdClient {
+ public:
+  // address: HOST:PORT. Does not connect until the first call.
+  explicit RvdClient(const std::string& address);
+
+  // Sends header + the model's tensor bytes over MeasureStream. The
+  // header's `tensors` must be TensorSpecs(model). Errors carry the
+  // daemon's status code and message.
+  absl::StatusOr<rvd::v1::Measurement> Measure(
+      const rvd::v1::MeasureHeader& header, const LoadedModel& model,
+      const ProgressFn& progress);
+
+  absl::StatusOr<rvd::v1::Measurement> GetLatest(const std::string& model_id);
+  absl::StatusOr<std::vector<rvd::v1::Measurement>> GetHistory(
+      const std::string& model_id, uint32_t limit);
+  absl::StatusOr<std::vector<rvd::v1::ModelSummary>> ListModels();
+  // Calls on_measurement for each new measurement until it returns false or
+  // the stream ends.
+  absl::Status Watch(
+      const std::string& model_id,
+      const std::function<bool(const rvd::v1::Measurement&)>& on_measurement);
+
+ private:
+  std::unique_ptr<rvd::v1::Rvd::Stub> stub_;
+};
+
+}  // namespace rvd
+
+#endif  // RVD_CLIENT_CPP_RVD_CLIENT_H_

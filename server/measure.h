@@ -1,0 +1,51 @@
+// From a MeasureHeader and tensor bytes to a Measurement: request
+// validation, V slicing, one engine call, PR per layer and head, and R_V.
+// No gRPC here, so that the whole path is testable in-process.
+// Thread-safe: functions only; the Engine they call is thread-safe.
+#ifndef RVD_SERVER_MEASURE_H_
+#define RVD_SERVER_MEASURE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/engine.h"
+#include "rvd/v1/rvd.pb.h"
+
+namespace rvd {
+
+// Largest data payload of one MeasureChunk.
+inline constexpr uint64_t kMaxChunkBytes = 4ull << 20;
+
+// The byte size of a tensor as its spec declares it, after checking the
+// spec (2-D positive shape, known dtype and layout, no overflow).
+absl::StatusOr<uint64_t> TensorByteSize(const rvd::v1::TensorSpec& spec);
+
+// Everything about a header that can be checked before any bytes arrive:
+// model id syntax, at least one tensor, specs, distinct layers, early/late
+// layers among those sent, known variant, total bytes <= max_request_bytes
+// (RESOURCE_EXHAUSTED). Returns the total tensor bytes.
+absl::StatusOr<uint64_t> ValidateHeader(const rvd::v1::MeasureHeader& header,
+                                        uint64_t max_request_bytes);
+
+// `[A-Za-z0-9_.:-]{1,128}`; INVALID_ARGUMENT otherwise.
+absl::Status ValidateModelId(const std::string& model_id);
+
+// The default R_V layer sets over the sorted layers sent: the first and last
+// ceil(L/4) of them.
+void DefaultLayerSets(const std::vector<uint32_t>& sorted_layers,
+                      std::vector<uint32_t>* early, std::vector<uint32_t>* late);
+
+// Computes the measurement. `data[i]` holds the bytes of header.tensors[i];
+// the header must have passed ValidateHeader. Sets everything but the
+// timestamp's meaning of "stored": the caller stores it.
+absl::StatusOr<rvd::v1::Measurement> ComputeMeasurement(
+    Engine& engine, const rvd::v1::MeasureHeader& header,
+    absl::Span<const std::string_view> data);
+
+}  // namespace rvd
+
+#endif  // RVD_SERVER_MEASURE_H_

@@ -1,0 +1,40 @@
+// The rvd daemon: a gRPC server (rvd.v1.Rvd, health, reflection), the PR
+// engine with its compute workers, per-model history, and /metrics.
+//
+// Usage (what main.cc does):
+//   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(config);
+//   ... on SIGTERM: (*server)->Shutdown();
+// Start and Shutdown are called from one thread; the server's own threads
+// serve requests in between.
+#ifndef RVD_SERVER_SERVER_H_
+#define RVD_SERVER_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/config.h"
+
+namespace rvd {
+
+class Server {
+ public:
+  virtual ~Server() = default;
+
+  // Picks the backend, starts the engine, binds gRPC and metrics. Fails
+  // (never exits) on a bad address, a port in use, or an unavailable backend.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(const Config& config);
+
+  // Stops accepting new requests, lets in-flight ones finish (up to a few
+  // seconds), ends watch streams, and stops every thread. Idempotent.
+  virtual void Shutdown() = 0;
+
+  // The bound gRPC port (useful when the config asked for port 0).
+  virtual int grpc_port() const = 0;
+  // "cpu" or "cuda": the backend serving measurements.
+  virtual std::string backend() const = 0;
+};
+
+}  // namespace rvd
+
+#endif  // RVD_SERVER_SERVER_H_

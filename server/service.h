@@ -1,0 +1,72 @@
+// The rvd.v1.Rvd gRPC service: receives tensors, hands the computation to
+// the compute pool, stores and publishes the result. Converts absl::Status
+// to grpc::Status here and nowhere else. Thread-safe (gRPC's sync server
+// calls handlers from many threads).
+#ifndef RVD_SERVER_SERVICE_H_
+#define RVD_SERVER_SERVICE_H_
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "kernels/engine.h"
+#include "rvd/v1/rvd.grpc.pb.h"
+#include "server/compute_pool.h"
+#include "server/history.h"
+#include "server/metrics.h"
+
+namespace rvd {
+
+struct ServiceLimits {
+  uint64_t max_request_bytes = 4ull << 30;  // tensor bytes per request
+  uint32_t max_inflight_requests = 16;      // measurements at once
+};
+
+class RvdService final : public rvd::v1::Rvd::Service {
+ public:
+  RvdService(Engine& engine, ComputePool& pool, History& history,
+             Metrics& metrics, const ServiceLimits& limits);
+
+  // Makes WatchMeasurements streams return; called before shutdown.
+  void StopWatches();
+
+  grpc::Status Measure(grpc::ServerContext* context,
+                       const rvd::v1::MeasureRequest* request,
+                       rvd::v1::Measurement* response) override;
+  grpc::Status MeasureStream(
+      grpc::ServerContext* context,
+      grpc::ServerReader<rvd::v1::MeasureChunk>* reader,
+      rvd::v1::Measurement* response) override;
+  grpc::Status GetLatest(grpc::ServerContext* context,
+                         const rvd::v1::GetLatestRequest* request,
+                         rvd::v1::Measurement* response) override;
+  grpc::Status GetHistory(grpc::ServerContext* context,
+                          const rvd::v1::GetHistoryRequest* request,
+                          rvd::v1::GetHistoryResponse* response) override;
+  grpc::Status ListModels(grpc::ServerContext* context,
+                          const rvd::v1::ListModelsRequest* request,
+                          rvd::v1::ListModelsResponse* response) override;
+  grpc::Status WatchMeasurements(
+      grpc::ServerContext* context, const rvd::v1::WatchRequest* request,
+      grpc::ServerWriter<rvd::v1::Measurement>* writer) override;
+
+ private:
+  // Computes, stores and publishes one measurement from validated input.
+  absl::Status Run(const rvd::v1::MeasureHeader& header,
+                   const std::vector<std::string_view>& data,
+                   rvd::v1::Measurement* response);
+  // Counts the error in /metrics and converts it for gRPC.
+  grpc::Status Finish(const absl::Status& status);
+
+  Engine& engine_;
+  ComputePool& pool_;
+  History& history_;
+  Metrics& metrics_;
+  const ServiceLimits limits_;
+  std::atomic<int64_t> inflight_{0};      // measurements being received or computed
+  std::atomic<bool> stopping_{false};     // set by StopWatches
+};
+
+}  // namespace rvd
+
+#endif  // RVD_SERVER_SERVICE_H_
