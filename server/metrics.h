@@ -1,6 +1,33 @@
 // rvd's Prometheus metrics (prometheus-cpp). Families are built once; the
 // per-model gauges are cached so the hot path does no registry lookups.
-// Thread-safe.
+// Thread-safe: any thread may call any member.
+//
+// Exported (every family has a help string):
+//   rvd_rv{model_id}                              gauge, latest R_V
+//   rvd_participation_ratio{model_id,layer}       gauge, latest PR per layer
+//   rvd_participation_ratio_head{model_id,layer,head}
+//                                                 gauge, only if per_head
+//   rvd_measurements_total{model_id,variant,backend}  counter
+//   rvd_measurement_duration_seconds{variant,backend} histogram, engine time
+//   rvd_ingested_bytes_total                      counter, tensor bytes read
+//   rvd_errors_total{code}                        counter, by gRPC code name
+//   rvd_inflight_requests                         gauge
+//   rvd_build_info{version,backend,engine_version}  gauge, always 1
+//   rvd_last_measurement_timestamp_seconds{model_id}  gauge, Unix time
+//   rvd_rv_alert_threshold                        gauge, only if threshold > 0
+//   rvd_rv_below_threshold{model_id}              gauge 0/1, only if
+//                                                 threshold > 0
+//
+// A measurement without rv (an early or late layer had PR 0) removes the
+// model's rvd_rv and rvd_rv_below_threshold series (Family::Remove) instead
+// of leaving the previous value, so a dashboard or alert never shows a stale
+// R_V as if it were current; they come back with the next measurement that
+// has rv. Likewise, layers (and heads) absent from a model's newest
+// measurement are removed, so the PR series always describe that measurement.
+//
+// Label cardinality: model_id is bounded by the caller (the service records
+// only measurements History accepted, at most max_models models); variant,
+// backend and code come from small fixed sets.
 #ifndef RVD_SERVER_METRICS_H_
 #define RVD_SERVER_METRICS_H_
 
@@ -15,6 +42,7 @@
 #include "absl/synchronization/mutex.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
+#include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
@@ -34,6 +62,9 @@ class Metrics {
  public:
   explicit Metrics(const MetricsOptions& options);
 
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
   // Sets rvd_rv, rvd_participation_ratio(_head), counts the measurement and
   // observes its duration.
   void RecordMeasurement(const rvd::v1::Measurement& m);
@@ -46,12 +77,54 @@ class Metrics {
 
   std::shared_ptr<prometheus::Registry> registry() { return registry_; }
 
+  // Bucket upper bounds of rvd_measurement_duration_seconds, 100 us to 10 s.
+  static const prometheus::Histogram::BucketBoundaries& DurationBuckets();
+
  private:
-  // ... the implementation decides the members.
+  using VariantBackend = std::pair<std::string, std::string>;
+  // Per-model series, cached so that Family::Add runs once per label set.
+  struct ModelSeries {
+    prometheus::Gauge* rv = nullptr;              // null while rv is absent
+    prometheus::Gauge* below_threshold = nullptr;  // null likewise
+    prometheus::Gauge* last_timestamp = nullptr;
+    std::map<uint32_t, prometheus::Gauge*> layer_pr;  // by layer
+    std::map<std::pair<uint32_t, uint32_t>, prometheus::Gauge*>
+        head_pr;  // by (layer, head)
+  };
+
+  const MetricsOptions options_;
+  const std::shared_ptr<prometheus::Registry> registry_;
+
+  // Families, built in the constructor; owned by registry_.
+  prometheus::Family<prometheus::Gauge>& rv_family_;
+  prometheus::Family<prometheus::Gauge>& pr_family_;
+  prometheus::Family<prometheus::Gauge>* pr_head_family_;  // null: !per_head
+  prometheus::Family<prometheus::Counter>& measurements_family_;
+  prometheus::Family<prometheus::Histogram>& duration_family_;
+  prometheus::Family<prometheus::Counter>& errors_family_;
+  prometheus::Family<prometheus::Gauge>& last_timestamp_family_;
+  prometheus::Family<prometheus::Gauge>* below_family_;  // null: threshold 0
+
+  // Unlabelled series, added in the constructor.
+  prometheus::Counter& ingested_bytes_;
+  prometheus::Gauge& inflight_;
+
+  absl::Mutex mu_;
+  std::map<std::string, ModelSeries> models_ ABSL_GUARDED_BY(mu_);
+  // rvd_measurements_total by (model_id, variant, backend).
+  std::map<std::pair<std::string, VariantBackend>, prometheus::Counter*>
+      counters_ ABSL_GUARDED_BY(mu_);
+  // rvd_measurement_duration_seconds by (variant, backend).
+  std::map<VariantBackend, prometheus::Histogram*> durations_
+      ABSL_GUARDED_BY(mu_);
+  // rvd_errors_total by code.
+  std::map<std::string, prometheus::Counter*> errors_ ABSL_GUARDED_BY(mu_);
 };
 
 // Serves `registry` at http://address/metrics. Errors (bad address, port in
-// use) are returned, not thrown.
+// use) are returned, not thrown: INVALID_ARGUMENT for an address that is not
+// HOST:PORT, UNAVAILABLE when the server cannot listen there. Port 0 picks a
+// free port; Exposer::GetListeningPorts() tells which.
 absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartExposer(
     const std::string& address, std::shared_ptr<prometheus::Registry> registry);
 
