@@ -82,7 +82,7 @@ absl::StatusOr<std::vector<uint32_t>> ParseLayers(const std::string& text) {
     for (uint32_t l = a; l <= b; ++l) layers.push_back(l);
     return layers;
   }
-  for (const std::string& part : absl::StrSplit(text, ',')) {
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
     if (!absl::SimpleAtoi(part, &a)) {
       return absl::InvalidArgumentError(
           "bad layer set '" + text + "': expected A-B or A,B,C");

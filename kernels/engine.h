@@ -77,6 +77,20 @@ class Engine {
 // The CPU engine on OpenBLAS. threads <= 0: one per core.
 std::unique_ptr<Engine> NewCpuEngine(int threads);
 
+// Settings of the CUDA engine, which lives in a module (librvd_cuda.so)
+// that rvd loads at run time; see server/backend.h.
+struct CudaEngineOptions {
+  int device = 0;                        // CUDA device ordinal
+  int streams = 4;                       // stream pool size (low priority)
+  uint64_t max_device_bytes = 4ull << 30;  // cap on device memory rvd holds
+};
+
+// The symbol the CUDA module exports, and its signature. Returns nullptr
+// and says why in *error when no device is usable.
+inline constexpr char kCudaEngineSymbol[] = "rvd_create_cuda_engine";
+using CreateCudaEngineFn = Engine* (*)(const CudaEngineOptions& options,
+                                       std::string* error);
+
 // The float64 SVD reference: PR from the singular values of the matrix
 // converted to double, with LAPACK's dgesdd. Slow; for tests and benchmarks.
 absl::StatusOr<double> OraclePR(const MatrixView& m);

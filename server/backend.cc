@@ -19,7 +19,8 @@ std::vector<std::filesystem::path> ModuleDirs() {
   return {exe.parent_path(), exe.parent_path().parent_path() / "lib"};
 }
 
-absl::StatusOr<std::unique_ptr<Engine>> LoadCudaEngine() {
+absl::StatusOr<std::unique_ptr<Engine>> LoadCudaEngine(
+    const CudaEngineOptions& options) {
   std::string tried;
   for (const auto& dir : ModuleDirs()) {
     const std::filesystem::path path = dir / "librvd_cuda.so";
@@ -33,14 +34,14 @@ absl::StatusOr<std::unique_ptr<Engine>> LoadCudaEngine() {
       return absl::UnavailableError(
           absl::StrCat("cannot load ", path.string(), ": ", dlerror()));
     }
-    using CreateFn = Engine* (*)(std::string*);
-    auto create = reinterpret_cast<CreateFn>(dlsym(handle, kCudaEngineSymbol));
+    auto create =
+        reinterpret_cast<CreateCudaEngineFn>(dlsym(handle, kCudaEngineSymbol));
     if (create == nullptr) {
       return absl::UnavailableError(absl::StrCat(
           path.string(), " does not export ", kCudaEngineSymbol));
     }
     std::string error;
-    Engine* engine = create(&error);
+    Engine* engine = create(options, &error);
     if (engine == nullptr) {
       return absl::UnavailableError(
           absl::StrCat(path.string(), " loaded, but: ", error));
@@ -53,9 +54,9 @@ absl::StatusOr<std::unique_ptr<Engine>> LoadCudaEngine() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const std::string& backend,
-                                                     int cpu_threads,
-                                                     std::string* why) {
+absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(
+    const std::string& backend, int cpu_threads,
+    const CudaEngineOptions& cuda_options, std::string* why) {
   if (backend == "cpu") {
     *why = "backend cpu: chosen by configuration";
     return NewCpuEngine(cpu_threads);
@@ -64,7 +65,7 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const std::string& backend,
     return absl::InvalidArgumentError(
         absl::StrCat("unknown backend '", backend, "' (auto, cpu or cuda)"));
   }
-  absl::StatusOr<std::unique_ptr<Engine>> cuda = LoadCudaEngine();
+  absl::StatusOr<std::unique_ptr<Engine>> cuda = LoadCudaEngine(cuda_options);
   if (cuda.ok()) {
     *why = absl::StrCat("backend cuda: module loaded (", backend, ")");
     return cuda;

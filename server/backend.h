@@ -13,17 +13,12 @@
 
 namespace rvd {
 
-// The symbol a CUDA module exports:
-//   extern "C" rvd::Engine* rvd_create_cuda_engine(std::string* error);
-// returning nullptr (and why, in *error) when no device is usable.
-inline constexpr char kCudaEngineSymbol[] = "rvd_create_cuda_engine";
-
 // backend: "cpu", "cuda" (an error if unavailable) or "auto" (CUDA when the
 // module loads and a device exists, else CPU). `why` receives a sentence
 // for the log saying which backend was chosen and why.
-absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const std::string& backend,
-                                                     int cpu_threads,
-                                                     std::string* why);
+absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(
+    const std::string& backend, int cpu_threads,
+    const CudaEngineOptions& cuda_options, std::string* why);
 
 }  // namespace rvd
 

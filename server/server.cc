@@ -99,7 +99,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Config& config) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   std::string why;
   absl::StatusOr<std::unique_ptr<Engine>> engine =
-      CreateEngine(config.backend, config.engine_threads, &why);
+      CreateEngine(config.backend, config.engine_threads, CudaEngineOptions{}, &why);
   if (!engine.ok()) return engine.status();
   spdlog::info("{}; engine {}, default variant {}", why, (*engine)->Version(),
                (*engine)->DefaultVariant());
