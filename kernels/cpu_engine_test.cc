@@ -233,7 +233,7 @@ TEST_F(CpuEngineTest, SixtyFourBigPowerLawMatricesMatchOracle) {
 
 TEST_F(CpuEngineTest, ExtremeScalesFallBackToFloat64) {
   std::mt19937_64 rng(std::random_device{}());
-  for (double scale : {1e18, 1e-21, 1e-40}) {
+  for (double scale : {1e18, 1e-17, 1e-19, 1e-21, 1e-40}) {
     std::vector<double> w = MakeMatrix(rng, 48, 200, Spectrum::kPowerLaw);
     for (double& x : w) x *= scale;
     const Stored s = Store(w, 48, 200, DType::kF32, 0, "scaled");
