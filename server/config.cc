@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -47,14 +48,14 @@ absl::Status TypeError(const std::string& key, const YAML::Node& node,
                        absl::string_view want) {
   std::string got = NodeTypeName(node);
   if (node.IsScalar()) got = absl::StrCat("\"", node.Scalar(), "\"");
-  return absl::InvalidArgumentError(absl::StrCat(
-      "config key '", key, "': expected ", want, ", got ", got,
-      " (line ", node.Mark().line + 1, ")"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("config key '", key, "': expected ", want, ", got ", got,
+                   " (line ", node.Mark().line + 1, ")"));
 }
 
 // A string key: any scalar; null (`key:` with nothing after it) means "".
-absl::Status ReadString(const std::string& key, const YAML::Node& node,
-                        std::string* out) {
+absl::Status ReadValue(const std::string& key, const YAML::Node& node,
+                       std::string* out) {
   if (node.IsNull()) {
     out->clear();
     return absl::OkStatus();
@@ -66,8 +67,9 @@ absl::Status ReadString(const std::string& key, const YAML::Node& node,
 
 // Integers are parsed from the scalar text with absl::SimpleAtoi rather than
 // yaml-cpp's stream conversion, which is lax about signs on unsigned types.
-template <typename T>
-absl::Status ReadInt(const std::string& key, const YAML::Node& node, T* out) {
+// (bool, also integral, takes the non-template overload below.)
+template <typename T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+absl::Status ReadValue(const std::string& key, const YAML::Node& node, T* out) {
   if (!node.IsScalar()) return TypeError(key, node, "an integer");
   T value;
   if (!absl::SimpleAtoi(node.Scalar(), &value)) {
@@ -79,8 +81,8 @@ absl::Status ReadInt(const std::string& key, const YAML::Node& node, T* out) {
   return absl::OkStatus();
 }
 
-absl::Status ReadBool(const std::string& key, const YAML::Node& node,
-                      bool* out) {
+absl::Status ReadValue(const std::string& key, const YAML::Node& node,
+                       bool* out) {
   if (!node.IsScalar()) return TypeError(key, node, "true or false");
   // yaml-cpp's bool conversion accepts true/false, yes/no, on/off (any case)
   // and returns false from decode on anything else.
@@ -92,8 +94,8 @@ absl::Status ReadBool(const std::string& key, const YAML::Node& node,
   return absl::OkStatus();
 }
 
-absl::Status ReadDouble(const std::string& key, const YAML::Node& node,
-                        double* out) {
+absl::Status ReadValue(const std::string& key, const YAML::Node& node,
+                       double* out) {
   if (!node.IsScalar()) return TypeError(key, node, "a number");
   double value;
   // YAML spells the special values .inf, -.inf and .nan (any case);
@@ -112,45 +114,36 @@ absl::Status ReadDouble(const std::string& key, const YAML::Node& node,
   return absl::OkStatus();
 }
 
-// One entry per config key: its name and how to read it into a Config.
+// One entry per config key: its name and the Config field it sets.
 struct KeyReader {
   const char* name;
-  absl::Status (*read)(const std::string& key, const YAML::Node& node,
-                       Config* config);
-};
+  std::variant<std::string Config::*, bool Config::*, int Config::*,
+               uint32_t Config::*, uint64_t Config::*, double Config::*>
+      field;
 
-#define RVD_STRING_KEY(field)                                             \
-  KeyReader {                                                             \
-    #field, [](const std::string& k, const YAML::Node& n, Config* c) {    \
-      return ReadString(k, n, &c->field);                                 \
-    }                                                                     \
+  absl::Status Read(const YAML::Node& node, Config* config) const {
+    return std::visit(
+        [&](auto member) { return ReadValue(name, node, &(config->*member)); },
+        field);
   }
-#define RVD_TYPED_KEY(field, reader)                                      \
-  KeyReader {                                                             \
-    #field, [](const std::string& k, const YAML::Node& n, Config* c) {    \
-      return reader(k, n, &c->field);                                     \
-    }                                                                     \
-  }
+};
 
 const KeyReader kKeys[] = {
-    RVD_STRING_KEY(grpc_address),
-    RVD_STRING_KEY(metrics_address),
-    RVD_STRING_KEY(backend),
-    RVD_STRING_KEY(data_dir),
-    RVD_STRING_KEY(log_level),
-    RVD_TYPED_KEY(history_capacity, ReadInt<uint32_t>),
-    RVD_TYPED_KEY(max_models, ReadInt<uint32_t>),
-    RVD_TYPED_KEY(engine_threads, ReadInt<int>),
-    RVD_TYPED_KEY(compute_workers, ReadInt<int>),
-    RVD_TYPED_KEY(max_inflight_requests, ReadInt<uint32_t>),
-    RVD_TYPED_KEY(max_request_bytes, ReadInt<uint64_t>),
-    RVD_TYPED_KEY(per_head_metrics, ReadBool),
-    RVD_TYPED_KEY(rv_alert_threshold, ReadDouble),
-    RVD_STRING_KEY(default_variant),
+    {"grpc_address", &Config::grpc_address},
+    {"metrics_address", &Config::metrics_address},
+    {"backend", &Config::backend},
+    {"data_dir", &Config::data_dir},
+    {"log_level", &Config::log_level},
+    {"history_capacity", &Config::history_capacity},
+    {"max_models", &Config::max_models},
+    {"engine_threads", &Config::engine_threads},
+    {"compute_workers", &Config::compute_workers},
+    {"max_inflight_requests", &Config::max_inflight_requests},
+    {"max_request_bytes", &Config::max_request_bytes},
+    {"per_head_metrics", &Config::per_head_metrics},
+    {"rv_alert_threshold", &Config::rv_alert_threshold},
+    {"default_variant", &Config::default_variant},
 };
-
-#undef RVD_STRING_KEY
-#undef RVD_TYPED_KEY
 
 const KeyReader* FindKey(const std::string& name) {
   for (const KeyReader& k : kKeys) {
@@ -176,9 +169,9 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
   std::set<std::string> seen;
   for (const auto& entry : root) {
     if (!entry.first.IsScalar()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "config: a key must be a plain name (line ",
-          entry.first.Mark().line + 1, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: a key must be a plain name (line ",
+                       entry.first.Mark().line + 1, ")"));
     }
     const std::string key = entry.first.Scalar();
     const KeyReader* reader = FindKey(key);
@@ -188,11 +181,11 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
           "); known keys: ", KnownKeys()));
     }
     if (!seen.insert(key).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "config: key '", key, "' appears more than once (line ",
-          entry.first.Mark().line + 1, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: key '", key, "' appears more than once (line ",
+                       entry.first.Mark().line + 1, ")"));
     }
-    absl::Status s = reader->read(key, entry.second, &config);
+    absl::Status s = reader->Read(entry.second, &config);
     if (!s.ok()) return s;
   }
   return config;
@@ -202,9 +195,9 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
 // IPv6 address such as [::1]) and a decimal port in 0..65535 (0: the OS picks).
 absl::Status CheckHostPort(absl::string_view key, absl::string_view address) {
   auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config key '", key, "': \"", address, "\" is not HOST:PORT (", why,
-        ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config key '", key, "': \"", address,
+                     "\" is not HOST:PORT (", why, ")"));
   };
   const size_t colon = address.rfind(':');
   if (colon == absl::string_view::npos) return bad("no ':PORT'");
@@ -258,8 +251,8 @@ absl::StatusOr<Config> LoadConfig(const std::string& path) {
       return absl::UnavailableError(
           absl::StrCat("config file ", path, ": ", ec.message()));
     }
-    return absl::NotFoundError(absl::StrCat("config file ", path,
-                                            " does not exist"));
+    return absl::NotFoundError(
+        absl::StrCat("config file ", path, " does not exist"));
   }
   if (std::filesystem::is_directory(path, ec)) {
     return absl::InvalidArgumentError(
@@ -300,8 +293,8 @@ absl::Status ValidateConfig(const Config& config) {
   }
   // The names spdlog::level::from_str understands (spdlog 1.10), including
   // its short aliases "warn" and "err".
-  static const char* const kLevels[] = {"trace", "debug", "info",
-                                        "warn",  "warning", "err",
+  static const char* const kLevels[] = {"trace", "debug",    "info",
+                                        "warn",  "warning",  "err",
                                         "error", "critical", "off"};
   bool level_ok = false;
   for (const char* level : kLevels) level_ok |= config.log_level == level;

@@ -1,11 +1,11 @@
 #include "server/config.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
-
-#include <unistd.h>
 
 #include "absl/status/status.h"
 #include "gmock/gmock.h"

@@ -108,8 +108,9 @@ Metrics::Metrics(const MetricsOptions& options)
                     .Add({})) {
   prometheus::BuildGauge()
       .Name("rvd_build_info")
-      .Help("Always 1; the labels name the rvd version, the backend and the "
-            "engine version.")
+      .Help(
+          "Always 1; the labels name the rvd version, the backend and the "
+          "engine version.")
       .Register(*registry_)
       .Add({{"version", options.version},
             {"backend", options.backend},
@@ -118,8 +119,9 @@ Metrics::Metrics(const MetricsOptions& options)
   if (options.rv_alert_threshold > 0) {
     prometheus::BuildGauge()
         .Name("rvd_rv_alert_threshold")
-        .Help("The configured rv_alert_threshold: rvd_rv below it sets "
-              "rvd_rv_below_threshold to 1.")
+        .Help(
+            "The configured rv_alert_threshold: rvd_rv below it sets "
+            "rvd_rv_below_threshold to 1.")
         .Register(*registry_)
         .Add({})
         .Set(options.rv_alert_threshold);
@@ -128,7 +130,6 @@ Metrics::Metrics(const MetricsOptions& options)
 
 void Metrics::RecordMeasurement(const rvd::v1::Measurement& m) {
   const std::string& id = m.model_id();
-  const std::string layer_label = "layer";
   absl::MutexLock lock(&mu_);
   ModelSeries& series = models_[id];
 
@@ -140,8 +141,7 @@ void Metrics::RecordMeasurement(const rvd::v1::Measurement& m) {
       if (series.below_threshold == nullptr) {
         series.below_threshold = &below_family_->Add({{"model_id", id}});
       }
-      series.below_threshold->Set(m.rv() < options_.rv_alert_threshold ? 1
-                                                                       : 0);
+      series.below_threshold->Set(m.rv() < options_.rv_alert_threshold ? 1 : 0);
     }
   } else {
     if (series.rv != nullptr) {
@@ -169,7 +169,7 @@ void Metrics::RecordMeasurement(const rvd::v1::Measurement& m) {
     } else if (auto it2 = layer_pr.find(layer.layer()); it2 != layer_pr.end()) {
       g = it2->second;  // the same layer twice in one measurement
     } else {
-      g = &pr_family_.Add({{"model_id", id}, {layer_label, layer_str}});
+      g = &pr_family_.Add({{"model_id", id}, {"layer", layer_str}});
     }
     g->Set(layer.pr());
     layer_pr[layer.layer()] = g;
@@ -185,7 +185,7 @@ void Metrics::RecordMeasurement(const rvd::v1::Measurement& m) {
         hg = it2->second;
       } else {
         hg = &pr_head_family_->Add({{"model_id", id},
-                                    {layer_label, layer_str},
+                                    {"layer", layer_str},
                                     {"head", absl::StrCat(h)}});
       }
       hg->Set(layer.head_pr(h));
@@ -208,10 +208,9 @@ void Metrics::RecordMeasurement(const rvd::v1::Measurement& m) {
   auto cit = counters_.find(key);
   if (cit == counters_.end()) {
     cit = counters_
-              .emplace(key, &measurements_family_.Add(
-                                {{"model_id", id},
-                                 {"variant", vb.first},
-                                 {"backend", vb.second}}))
+              .emplace(key, &measurements_family_.Add({{"model_id", id},
+                                                       {"variant", vb.first},
+                                                       {"backend", vb.second}}))
               .first;
   }
   cit->second->Increment();
@@ -239,9 +238,7 @@ void Metrics::RecordError(const std::string& code) {
   it->second->Increment();
 }
 
-void Metrics::SetInflight(int64_t n) {
-  inflight_.Set(static_cast<double>(n));
-}
+void Metrics::SetInflight(int64_t n) { inflight_.Set(static_cast<double>(n)); }
 
 absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartExposer(
     const std::string& address,
@@ -253,12 +250,12 @@ absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartExposer(
   // we do not want to happen by accident.
   const size_t colon = address.rfind(':');
   int port = -1;
-  if (colon == std::string::npos || colon == 0 ||
-      colon + 1 == address.size() || address.size() - colon - 1 > 5 ||
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size() ||
+      address.size() - colon - 1 > 5 ||
       !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
       port > 65535 || !absl::ascii_isdigit(address[colon + 1])) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "metrics address \"", address, "\" is not HOST:PORT"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address \"", address, "\" is not HOST:PORT"));
   }
   try {
     // Two civetweb threads (the default): a scrape held open by one client
@@ -267,8 +264,8 @@ absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartExposer(
     exposer->RegisterCollectable(registry);
     return exposer;
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot serve /metrics on ", address, ": ", e.what()));
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve /metrics on ", address, ": ", e.what()));
   } catch (...) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve /metrics on ", address));

@@ -51,11 +51,11 @@
 namespace rvd {
 
 struct MetricsOptions {
-  bool per_head = false;             // export rvd_participation_ratio_head
-  double rv_alert_threshold = 0.0;   // > 0: export rvd_rv_below_threshold
-  std::string version;               // rvd_build_info{version}
-  std::string backend;               // rvd_build_info{backend}
-  std::string engine_version;        // rvd_build_info{engine_version}
+  bool per_head = false;            // export rvd_participation_ratio_head
+  double rv_alert_threshold = 0.0;  // > 0: export rvd_rv_below_threshold
+  std::string version;              // rvd_build_info{version}
+  std::string backend;              // rvd_build_info{backend}
+  std::string engine_version;       // rvd_build_info{engine_version}
 };
 
 class Metrics {
@@ -84,7 +84,7 @@ class Metrics {
   using VariantBackend = std::pair<std::string, std::string>;
   // Per-model series, cached so that Family::Add runs once per label set.
   struct ModelSeries {
-    prometheus::Gauge* rv = nullptr;              // null while rv is absent
+    prometheus::Gauge* rv = nullptr;               // null while rv is absent
     prometheus::Gauge* below_threshold = nullptr;  // null likewise
     prometheus::Gauge* last_timestamp = nullptr;
     std::map<uint32_t, prometheus::Gauge*> layer_pr;  // by layer

@@ -238,8 +238,9 @@ std::string HttpGet(int port, const std::string& path) {
     ::close(fd);
     return "";
   }
-  const std::string request = absl::StrCat(
-      "GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+  const std::string request =
+      absl::StrCat("GET ", path,
+                   " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
   if (::send(fd, request.data(), request.size(), 0) !=
       static_cast<ssize_t>(request.size())) {
     ::close(fd);
@@ -332,9 +333,9 @@ std::pair<int, std::string> Promtool(const std::string& text) {
     std::ofstream f(in);
     f << text;
   }
-  const std::string command = absl::StrCat(kPromtool, " check metrics < ",
-                                           in.string(), " > ", out.string(),
-                                           " 2>&1");
+  const std::string command =
+      absl::StrCat(kPromtool, " check metrics < ", in.string(), " > ",
+                   out.string(), " 2>&1");
   const int status = std::system(command.c_str());
   std::stringstream report;
   {
@@ -379,9 +380,9 @@ TEST(MetricsTest, ConcurrentRecording) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&metrics, t] {
       for (int i = 0; i < kEach; ++i) {
-        metrics.RecordMeasurement(MakeMeasurement(
-            absl::StrCat("m", i % 3), i, i % 2 ? std::optional<double>(0.5)
-                                               : std::nullopt));
+        metrics.RecordMeasurement(
+            MakeMeasurement(absl::StrCat("m", i % 3), i,
+                            i % 2 ? std::optional<double>(0.5) : std::nullopt));
         metrics.AddIngestedBytes(1);
         metrics.RecordError(t % 2 ? "INTERNAL" : "UNAVAILABLE");
         metrics.SetInflight(i);
@@ -398,9 +399,9 @@ TEST(MetricsTest, ConcurrentRecording) {
             absl::StrCat(kThreads * kEach));
   double total = 0;
   for (int m = 0; m < 3; ++m) {
-    total += std::stod(s.at(absl::StrCat(
-        "rvd_measurements_total{backend=\"cpu\",model_id=\"m", m,
-        "\",variant=\"algebraic\"}")));
+    total += std::stod(
+        s.at(absl::StrCat("rvd_measurements_total{backend=\"cpu\",model_id=\"m",
+                          m, "\",variant=\"algebraic\"}")));
   }
   EXPECT_EQ(total, kThreads * kEach);
 }
