@@ -22,9 +22,9 @@ namespace rvd {
 namespace {
 
 constexpr std::array<VLayout, 7> kAllLayouts = {
-    VLayout::kSeparate,         VLayout::kPhi3Qkv,
-    VLayout::kGptNeoxQkv,       VLayout::kFalconMultiQuery,
-    VLayout::kFalconGrouped,    VLayout::kFalconClassic,
+    VLayout::kSeparate,      VLayout::kPhi3Qkv,
+    VLayout::kGptNeoxQkv,    VLayout::kFalconMultiQuery,
+    VLayout::kFalconGrouped, VLayout::kFalconClassic,
     VLayout::kGpt2Conv1D,
 };
 
@@ -134,10 +134,10 @@ absl::Status CheckForcedKvHeads(VLayout layout, const HeadGeometry& g) {
       break;
     case VLayout::kFalconMultiQuery:
       if (g.num_kv_heads != 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "layout ", VLayoutName(layout),
-            " has a single kv head: num_kv_heads must be 1, got ",
-            g.num_kv_heads));
+        return absl::InvalidArgumentError(
+            absl::StrCat("layout ", VLayoutName(layout),
+                         " has a single kv head: num_kv_heads must be 1, got ",
+                         g.num_kv_heads));
       }
       break;
     default:
@@ -202,21 +202,19 @@ absl::StatusOr<VLayout> ParseVLayout(const std::string& name) {
     if (name == VLayoutName(layout)) return layout;
     names.push_back(VLayoutName(layout));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown V layout \"", name,
-                   "\"; known: ", absl::StrJoin(names, ", ")));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown V layout \"", name, "\"; known: ", absl::StrJoin(names, ", ")));
 }
 
 absl::StatusOr<VSlices> SliceV(const TensorView& tensor, VLayout layout,
                                const HeadGeometry& g) {
-  const std::string where =
-      absl::StrCat("layout ", VLayoutName(layout), ", geometry ",
-                   GeometryString(g));
+  const std::string where = absl::StrCat("layout ", VLayoutName(layout),
+                                         ", geometry ", GeometryString(g));
   bool known = false;
   for (VLayout l : kAllLayouts) known |= (l == layout);
   if (!known) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown V layout value ", static_cast<int>(layout)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown V layout value ", static_cast<int>(layout)));
   }
   if (g.num_heads <= 0 || g.num_kv_heads <= 0 || g.head_dim <= 0) {
     return absl::InvalidArgumentError(
@@ -236,8 +234,8 @@ absl::StatusOr<VSlices> SliceV(const TensorView& tensor, VLayout layout,
   if (!expected.ok()) return expected.status();
   if (!expected->Matches(tensor.rows, tensor.cols)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        where, ": expected a tensor of shape ", expected->ToString(),
-        ", got [", tensor.rows, ", ", tensor.cols, "]",
+        where, ": expected a tensor of shape ", expected->ToString(), ", got [",
+        tensor.rows, ", ", tensor.cols, "]",
         FittingLayoutsHint(layout, g, tensor.rows, tensor.cols)));
   }
 
@@ -252,8 +250,8 @@ absl::StatusOr<VSlices> SliceV(const TensorView& tensor, VLayout layout,
     const int64_t hidden = tensor.rows, ld = tensor.cols;
     out.layer = View(tensor, base + 2 * hidden * elem, hidden, hidden, ld);
     for (int64_t h = 0; h < k; ++h) {
-      out.heads.push_back(View(
-          tensor, base + (2 * hidden + h * d) * elem, hidden, d, ld));
+      out.heads.push_back(
+          View(tensor, base + (2 * hidden + h * d) * elem, hidden, d, ld));
     }
     return out;
   }
@@ -271,10 +269,10 @@ absl::StatusOr<VSlices> SliceV(const TensorView& tensor, VLayout layout,
     const size_t head_bytes = static_cast<size_t>(d) * row_bytes;
     out.gathered.resize(static_cast<size_t>(k) * head_bytes);
     for (int64_t h = 0; h < k; ++h) {
-      std::memcpy(out.gathered.data() + h * head_bytes,
-                  base + static_cast<size_t>(HeadStartRow(layout, g, h)) *
-                             row_bytes,
-                  head_bytes);
+      std::memcpy(
+          out.gathered.data() + h * head_bytes,
+          base + static_cast<size_t>(HeadStartRow(layout, g, h)) * row_bytes,
+          head_bytes);
     }
     // A vector's heap buffer survives moves of the vector, so these views
     // stay valid when the VSlices is moved.
@@ -282,9 +280,9 @@ absl::StatusOr<VSlices> SliceV(const TensorView& tensor, VLayout layout,
   }
   out.layer = View(tensor, v_base, k * d, cols, cols);
   for (int64_t h = 0; h < k; ++h) {
-    out.heads.push_back(
-        View(tensor, v_base + static_cast<size_t>(h * d) * row_bytes, d, cols,
-             cols));
+    out.heads.push_back(View(tensor,
+                             v_base + static_cast<size_t>(h * d) * row_bytes, d,
+                             cols, cols));
   }
   return out;
 }

@@ -105,8 +105,8 @@ TEST(SliceVTest, Phi3Qkv) {
   Tensor t = MakeTensor((6 + 2 * 2) * 4, 5);
   absl::StatusOr<VSlices> v = SliceV(t.view, VLayout::kPhi3Qkv, g);
   ASSERT_TRUE(v.ok()) << v.status();
-  ExpectRowLayout(t, *v, g,
-                  [&](int64_t h, int64_t i) { return (6 + 2) * 4 + h * 4 + i; });
+  ExpectRowLayout(
+      t, *v, g, [&](int64_t h, int64_t i) { return (6 + 2) * 4 + h * 4 + i; });
   EXPECT_TRUE(v->gathered.empty());
   EXPECT_TRUE(PointsInto(v->layer, t));
 }
@@ -251,9 +251,9 @@ void ExpectInvalid(const absl::StatusOr<VSlices>& v,
 
 TEST(SliceVTest, WrongShapeNamesLayoutGeometryAndBothShapes) {
   Tensor t = MakeTensor(10, 7);
-  ExpectInvalid(SliceV(t.view, VLayout::kSeparate, HeadGeometry{8, 2, 4}),
-                {"separate", "num_kv_heads=2", "head_dim=4", "[8, D]",
-                 "[10, 7]"});
+  ExpectInvalid(
+      SliceV(t.view, VLayout::kSeparate, HeadGeometry{8, 2, 4}),
+      {"separate", "num_kv_heads=2", "head_dim=4", "[8, D]", "[10, 7]"});
 }
 
 TEST(SliceVTest, Phi3TensorDeclaredSeparateIsCaughtWithAHint) {

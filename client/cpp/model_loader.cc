@@ -79,10 +79,10 @@ void CheckKeys(const YAML::Node& node, const std::set<std::string>& known,
 // Overwrites the fields of `keys` that `node` names.
 void ReadGeometryKeys(const YAML::Node& node, const std::string& where,
                       GeometryKeys* keys) {
-  CheckKeys(node,
-            {"num_heads", "num_kv_heads", "head_dim", "hidden_size",
-             "num_layers"},
-            where);
+  CheckKeys(
+      node,
+      {"num_heads", "num_kv_heads", "head_dim", "hidden_size", "num_layers"},
+      where);
   auto read = [&](const char* field, std::vector<std::string>* out) {
     if (node[field]) {
       *out = StringList(node[field], absl::StrCat(where, ".", field));
@@ -263,10 +263,10 @@ std::optional<std::string> FallbackPattern(const std::string& name) {
     size_t end = name.find('.', start);
     if (end == name.npos) end = name.size();
     const bool digits =
-        end > start && std::all_of(name.begin() + start, name.begin() + end,
-                                   [](char c) { return std::isdigit(
-                                                    static_cast<unsigned char>(
-                                                        c)); });
+        end > start &&
+        std::all_of(name.begin() + start, name.begin() + end, [](char c) {
+          return std::isdigit(static_cast<unsigned char>(c));
+        });
     if (digits) {
       return absl::StrCat(name.substr(0, start), "{layer}", name.substr(end));
     }
@@ -302,16 +302,17 @@ absl::StatusOr<std::vector<std::string>> ShardPaths(const fs::path& dir) {
     std::set<std::string> files;
     for (auto it = map->begin(); it != map->end(); ++it) {
       if (!it.value().is_string()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            index.string(), ": weight_map[\"", it.key(), "\"] is not a string"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(index.string(), ": weight_map[\"", it.key(),
+                         "\"] is not a string"));
       }
       const std::string file = it.value().get<std::string>();
       const fs::path rel(file);
       if (file.empty() || rel.is_absolute() ||
           std::find(rel.begin(), rel.end(), fs::path("..")) != rel.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            index.string(), ": shard \"", file,
-            "\" is not a path inside the model directory"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(index.string(), ": shard \"", file,
+                         "\" is not a path inside the model directory"));
       }
       files.insert(file);
     }
@@ -324,15 +325,15 @@ absl::StatusOr<std::vector<std::string>> ShardPaths(const fs::path& dir) {
   std::string hint;
   if (fs::exists(dir / "pytorch_model.bin", ec) ||
       fs::exists(dir / "pytorch_model.bin.index.json", ec)) {
-    hint = " (it has pytorch_model.bin: rvd reads safetensors only; convert "
-           "the checkpoint, e.g. with save_pretrained(safe_serialization="
-           "True))";
+    hint =
+        " (it has pytorch_model.bin: rvd reads safetensors only; convert "
+        "the checkpoint, e.g. with save_pretrained(safe_serialization="
+        "True))";
   }
-  return absl::NotFoundError(
-      absl::StrCat(dir.string(),
-                   ": neither model.safetensors nor "
-                   "model.safetensors.index.json",
-                   hint));
+  return absl::NotFoundError(absl::StrCat(dir.string(),
+                                          ": neither model.safetensors nor "
+                                          "model.safetensors.index.json",
+                                          hint));
 }
 
 // The layout an architecture uses for `config` (variants in order).
@@ -378,8 +379,8 @@ std::optional<int64_t> ForcedKvHeads(VLayout layout, int64_t num_heads) {
 // Derives H, K, d (see architectures.yaml) and says how in *source.
 absl::StatusOr<HeadGeometry> DeriveGeometry(
     const GeometryKeys& keys, const Json& config,
-    const std::string& config_path, const LoadOptions& options,
-    VLayout layout, int64_t tensor_hidden, std::string* source) {
+    const std::string& config_path, const LoadOptions& options, VLayout layout,
+    int64_t tensor_hidden, std::string* source) {
   HeadGeometry g;
   std::vector<std::string> how;
 
@@ -399,8 +400,8 @@ absl::StatusOr<HeadGeometry> DeriveGeometry(
           "; give num_heads (rvctl --num-heads)"));
     }
     g.num_heads = (*v)->first;
-    how.push_back(absl::StrCat("num_heads=", g.num_heads, " (", (*v)->second,
-                               ")"));
+    how.push_back(
+        absl::StrCat("num_heads=", g.num_heads, " (", (*v)->second, ")"));
   }
 
   if (options.num_kv_heads > 0) {
@@ -419,8 +420,8 @@ absl::StatusOr<HeadGeometry> DeriveGeometry(
                                  (*v)->second, ")"));
     } else {
       g.num_kv_heads = g.num_heads;
-      how.push_back(absl::StrCat("num_kv_heads=", g.num_kv_heads,
-                                 " (= num_heads)"));
+      how.push_back(
+          absl::StrCat("num_kv_heads=", g.num_kv_heads, " (= num_heads)"));
     }
   }
 
@@ -432,8 +433,8 @@ absl::StatusOr<HeadGeometry> DeriveGeometry(
     if (!v.ok()) return v.status();
     if (v->has_value()) {
       g.head_dim = (*v)->first;
-      how.push_back(absl::StrCat("head_dim=", g.head_dim, " (", (*v)->second,
-                                 ")"));
+      how.push_back(
+          absl::StrCat("head_dim=", g.head_dim, " (", (*v)->second, ")"));
     } else {
       auto hidden = ConfigInt(config, keys.hidden_size, config_path);
       if (!hidden.ok()) return hidden.status();
@@ -442,10 +443,10 @@ absl::StatusOr<HeadGeometry> DeriveGeometry(
       const std::string from =
           hidden->has_value() ? (*hidden)->second : "the tensor's input size";
       if (d_model % g.num_heads != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "hidden size ", d_model, " (", from,
-            ") is not a multiple of num_heads ", g.num_heads,
-            "; give head_dim (rvctl --head-dim)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("hidden size ", d_model, " (", from,
+                         ") is not a multiple of num_heads ", g.num_heads,
+                         "; give head_dim (rvctl --head-dim)"));
       }
       g.head_dim = d_model / g.num_heads;
       how.push_back(absl::StrCat("head_dim=", g.head_dim, " (", from, " ",
@@ -479,7 +480,8 @@ absl::StatusOr<ArchitectureTable> LoadArchitectureTable(
   ArchitectureTable table;
   try {
     const YAML::Node root = YAML::Load(std::string(yaml_text));
-    CheckKeys(root, {"default_geometry", "architectures"}, "architectures.yaml");
+    CheckKeys(root, {"default_geometry", "architectures"},
+              "architectures.yaml");
     if (root["default_geometry"]) {
       ReadGeometryKeys(root["default_geometry"], "default_geometry",
                        &table.default_geometry_);
@@ -546,7 +548,8 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path,
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   if (!fs::exists(st)) {
-    return absl::NotFoundError(absl::StrCat(path, ": no such file or directory"));
+    return absl::NotFoundError(
+        absl::StrCat(path, ": no such file or directory"));
   }
 
   // 1. The files: config.json (optional) and the safetensors shards.
@@ -580,9 +583,9 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path,
     for (const SafetensorsTensorInfo& info : f.tensors()) {
       auto [it, fresh] = all.emplace(info.name, Located{&info, &f});
       if (!fresh) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor \"", info.name, "\" is in both ", it->second.file->path(),
-            " and ", f.path()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor \"", info.name, "\" is in both ",
+                         it->second.file->path(), " and ", f.path()));
       }
     }
   }
@@ -599,9 +602,9 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path,
   if (!model_type.empty()) {
     arch = table.Find(model_type);
     if (arch == nullptr && !options.arch.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown architecture \"", options.arch, "\"; known: ",
-          absl::StrJoin(table.ModelTypes(), ", ")));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown architecture \"", options.arch,
+                       "\"; known: ", absl::StrJoin(table.ModelTypes(), ", ")));
     }
   }
 
@@ -614,7 +617,8 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path,
   } else {
     std::set<std::string> found;
     for (const auto& [name, loc] : all) {
-      if (std::optional<std::string> p = FallbackPattern(name)) found.insert(*p);
+      if (std::optional<std::string> p = FallbackPattern(name))
+        found.insert(*p);
     }
     if (found.size() > 1) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -625,8 +629,8 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path,
           "; add the architecture to architectures.yaml or give --arch"));
     }
     patterns.assign(found.begin(), found.end());
-    pattern_source = absl::StrCat("the name search (model_type \"",
-                                  model_type, "\" has no table entry)");
+    pattern_source = absl::StrCat("the name search (model_type \"", model_type,
+                                  "\" has no table entry)");
   }
   std::string used_pattern;
   std::map<uint32_t, const Located*> by_layer;
@@ -658,10 +662,10 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path,
     for (uint32_t l = 0; l < num_layers && missing.size() < 20; ++l) {
       if (!by_layer.count(l)) missing.push_back(l);
     }
-    return absl::DataLossError(absl::StrCat(
-        path, ": V tensors (", used_pattern, ") missing for layers ",
-        absl::StrJoin(missing, ", "), " of ", num_layers,
-        " (a shard missing?)"));
+    return absl::DataLossError(
+        absl::StrCat(path, ": V tensors (", used_pattern,
+                     ") missing for layers ", absl::StrJoin(missing, ", "),
+                     " of ", num_layers, " (a shard missing?)"));
   }
   const GeometryKeys& keys =
       arch != nullptr ? arch->geometry : table.default_geometry();
@@ -690,9 +694,9 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path,
     absl::StatusOr<SafetensorsTensor> t = loc->file->RvdTensor(info.name);
     if (!t.ok()) return t.status();
     if (info.shape.size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          loc->file->path(), ": V tensor \"", info.name, "\" has ",
-          info.shape.size(), " dimensions, expected 2"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(loc->file->path(), ": V tensor \"", info.name, "\" has ",
+                       info.shape.size(), " dimensions, expected 2"));
     }
     ModelTensor mt;
     mt.name = info.name;
@@ -718,13 +722,13 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path,
   }
   for (ModelTensor& t : model.tensors) {
     t.geometry = *geometry;
-    absl::StatusOr<VSlices> slices = SliceV(AsTensorView(t), layout, t.geometry);
+    absl::StatusOr<VSlices> slices =
+        SliceV(AsTensorView(t), layout, t.geometry);
     if (!slices.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           t.file, ": V tensor \"", t.name, "\" (layer ", t.layer, ", ",
-          model.model_type.empty() ? "name search" : model.model_type,
-          "): ", slices.status().message(), "; geometry: ",
-          model.geometry_source));
+          model.model_type.empty() ? "name search" : model.model_type, "): ",
+          slices.status().message(), "; geometry: ", model.geometry_source));
     }
   }
   return model;

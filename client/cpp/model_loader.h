@@ -93,14 +93,14 @@ absl::StatusOr<ArchitectureTable> DefaultArchitectureTable();
 
 // One layer's V tensor, as stored in the checkpoint.
 struct ModelTensor {
-  std::string name;       // checkpoint tensor name
-  std::string file;       // the .safetensors file holding it
-  uint32_t layer = 0;     // 0-based
+  std::string name;    // checkpoint tensor name
+  std::string file;    // the .safetensors file holding it
+  uint32_t layer = 0;  // 0-based
   DType dtype = DType::kF32;
-  int64_t rows = 0;       // stored shape [rows, cols]
+  int64_t rows = 0;  // stored shape [rows, cols]
   int64_t cols = 0;
   VLayout layout = VLayout::kSeparate;
-  HeadGeometry geometry;  // checked against the shape with SliceV
+  HeadGeometry geometry;          // checked against the shape with SliceV
   const uint8_t* data = nullptr;  // rows * cols elements inside the mapping;
                                   // valid while the LoadedModel lives
   size_t bytes = 0;

@@ -193,8 +193,8 @@ class ModelLoaderTest : public ::testing::Test {
 // Checks the layers, layout and geometry of `m`, and that SliceV of every
 // tensor gives back that layer's V (whole and per head), element by element.
 void ExpectModel(const LoadedModel& m, const std::string& model_type,
-                 int64_t layers, VLayout layout, HeadGeometry g,
-                 int64_t hidden, const std::string& dtype = "F32") {
+                 int64_t layers, VLayout layout, HeadGeometry g, int64_t hidden,
+                 const std::string& dtype = "F32") {
   EXPECT_EQ(m.model_type, model_type);
   ASSERT_EQ(m.num_layers, layers);
   ASSERT_EQ(m.tensors.size(), static_cast<size_t>(layers));
@@ -225,8 +225,10 @@ void ExpectModel(const LoadedModel& m, const std::string& model_type,
                          (transposed ? c * lv.ld + r : r * lv.ld + c) * es;
         const auto* hp = static_cast<const char*>(hv.data) +
                          (transposed ? c * hv.ld + hr : hr * hv.ld + c) * es;
-        ASSERT_EQ(std::string(lp, es), want) << "layer view V(" << r << "," << c << ")";
-        ASSERT_EQ(std::string(hp, es), want) << "head " << h << " V(" << r << "," << c << ")";
+        ASSERT_EQ(std::string(lp, es), want)
+            << "layer view V(" << r << "," << c << ")";
+        ASSERT_EQ(std::string(hp, es), want)
+            << "head " << h << " V(" << r << "," << c << ")";
       }
     }
   }
@@ -234,11 +236,9 @@ void ExpectModel(const LoadedModel& m, const std::string& model_type,
 
 // A llama-like checkpoint: V plus q/k/o projections, an MLP weight, a bias,
 // and an I64 tensor that the loader must skip.
-std::vector<SafetensorsEntry> SeparateCheckpoint(const std::string& pattern,
-                                                 int64_t layers, int64_t h,
-                                                 int64_t k, int64_t d,
-                                                 int64_t hidden,
-                                                 const std::string& dtype = "F32") {
+std::vector<SafetensorsEntry> SeparateCheckpoint(
+    const std::string& pattern, int64_t layers, int64_t h, int64_t k, int64_t d,
+    int64_t hidden, const std::string& dtype = "F32") {
   std::vector<SafetensorsEntry> e;
   e.push_back(Filler("model.embed_tokens.weight", {10, hidden}, dtype));
   e.push_back(Filler("model.position_ids", {1, 7}, "I64"));
@@ -260,23 +260,30 @@ const char kVProj[] = "model.layers.{layer}.self_attn.v_proj.weight";
 // --- Architectures ---------------------------------------------------------
 
 TEST_F(ModelLoaderTest, Llama) {
-  WriteConfig({{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}},
-               {"hidden_size", 12}, {"num_attention_heads", 4},
-               {"num_key_value_heads", 2}, {"num_hidden_layers", 3},
-               {"intermediate_size", 24}, {"rms_norm_eps", 1e-5}});
+  WriteConfig({{"model_type", "llama"},
+               {"architectures", {"LlamaForCausalLM"}},
+               {"hidden_size", 12},
+               {"num_attention_heads", 4},
+               {"num_key_value_heads", 2},
+               {"num_hidden_layers", 3},
+               {"intermediate_size", 24},
+               {"rms_norm_eps", 1e-5}});
   WriteSingle(SeparateCheckpoint(kVProj, 3, 4, 2, 3, 12));
   absl::StatusOr<LoadedModel> m = Load();
   ASSERT_TRUE(m.ok()) << m.status();
   ExpectModel(*m, "llama", 3, VLayout::kSeparate, {4, 2, 3}, 12);
   EXPECT_EQ(m->tensors[1].name, "model.layers.1.self_attn.v_proj.weight");
-  EXPECT_THAT(m->geometry_source,
-              AllOf(HasSubstr("num_key_value_heads"), HasSubstr("hidden_size")));
+  EXPECT_THAT(m->geometry_source, AllOf(HasSubstr("num_key_value_heads"),
+                                        HasSubstr("hidden_size")));
 }
 
 TEST_F(ModelLoaderTest, MistralInBf16) {
-  WriteConfig({{"model_type", "mistral"}, {"hidden_size", 16},
-               {"num_attention_heads", 4}, {"num_key_value_heads", 1},
-               {"head_dim", nullptr}, {"num_hidden_layers", 2},
+  WriteConfig({{"model_type", "mistral"},
+               {"hidden_size", 16},
+               {"num_attention_heads", 4},
+               {"num_key_value_heads", 1},
+               {"head_dim", nullptr},
+               {"num_hidden_layers", 2},
                {"sliding_window", 4096}});
   WriteSingle(SeparateCheckpoint(kVProj, 2, 4, 1, 4, 16, "BF16"));
   absl::StatusOr<LoadedModel> m = Load();
@@ -285,9 +292,12 @@ TEST_F(ModelLoaderTest, MistralInBf16) {
 }
 
 TEST_F(ModelLoaderTest, Qwen2WithBiases) {
-  WriteConfig({{"model_type", "qwen2"}, {"hidden_size", 8},
-               {"num_attention_heads", 4}, {"num_key_value_heads", 2},
-               {"num_hidden_layers", 2}, {"use_sliding_window", false}});
+  WriteConfig({{"model_type", "qwen2"},
+               {"hidden_size", 8},
+               {"num_attention_heads", 4},
+               {"num_key_value_heads", 2},
+               {"num_hidden_layers", 2},
+               {"use_sliding_window", false}});
   WriteSingle(SeparateCheckpoint(kVProj, 2, 4, 2, 2, 8));
   absl::StatusOr<LoadedModel> m = Load();
   ASSERT_TRUE(m.ok()) << m.status();
@@ -296,9 +306,12 @@ TEST_F(ModelLoaderTest, Qwen2WithBiases) {
 
 TEST_F(ModelLoaderTest, GemmaHeadDimIsNotHiddenOverHeads) {
   // gemma-7b's shape in miniature: 2 heads of 6 in a hidden size of 8.
-  WriteConfig({{"model_type", "gemma"}, {"hidden_size", 8},
-               {"num_attention_heads", 2}, {"num_key_value_heads", 1},
-               {"head_dim", 6}, {"num_hidden_layers", 2}});
+  WriteConfig({{"model_type", "gemma"},
+               {"hidden_size", 8},
+               {"num_attention_heads", 2},
+               {"num_key_value_heads", 1},
+               {"head_dim", 6},
+               {"num_hidden_layers", 2}});
   WriteSingle(SeparateCheckpoint(kVProj, 2, 2, 1, 6, 8));
   absl::StatusOr<LoadedModel> m = Load();
   ASSERT_TRUE(m.ok()) << m.status();
@@ -306,9 +319,12 @@ TEST_F(ModelLoaderTest, GemmaHeadDimIsNotHiddenOverHeads) {
 }
 
 TEST_F(ModelLoaderTest, Gemma2) {
-  WriteConfig({{"model_type", "gemma2"}, {"hidden_size", 8},
-               {"num_attention_heads", 4}, {"num_key_value_heads", 2},
-               {"head_dim", 5}, {"num_hidden_layers", 3},
+  WriteConfig({{"model_type", "gemma2"},
+               {"hidden_size", 8},
+               {"num_attention_heads", 4},
+               {"num_key_value_heads", 2},
+               {"head_dim", 5},
+               {"num_hidden_layers", 3},
                {"query_pre_attn_scalar", 5}});
   WriteSingle(SeparateCheckpoint(kVProj, 3, 4, 2, 5, 8));
   absl::StatusOr<LoadedModel> m = Load();
@@ -318,9 +334,12 @@ TEST_F(ModelLoaderTest, Gemma2) {
 
 TEST_F(ModelLoaderTest, PhiWithNullKvHeads) {
   // phi-2's config.json: "num_key_value_heads": null.
-  WriteConfig({{"model_type", "phi"}, {"hidden_size", 8},
-               {"num_attention_heads", 4}, {"num_key_value_heads", nullptr},
-               {"num_hidden_layers", 2}, {"partial_rotary_factor", 0.4}});
+  WriteConfig({{"model_type", "phi"},
+               {"hidden_size", 8},
+               {"num_attention_heads", 4},
+               {"num_key_value_heads", nullptr},
+               {"num_hidden_layers", 2},
+               {"partial_rotary_factor", 0.4}});
   WriteSingle(SeparateCheckpoint(kVProj, 2, 4, 4, 2, 8));
   absl::StatusOr<LoadedModel> m = Load();
   ASSERT_TRUE(m.ok()) << m.status();
@@ -328,10 +347,13 @@ TEST_F(ModelLoaderTest, PhiWithNullKvHeads) {
 }
 
 TEST_F(ModelLoaderTest, Phi3FusedQkv) {
-  WriteConfig({{"model_type", "phi3"}, {"hidden_size", 8},
-               {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+  WriteConfig({{"model_type", "phi3"},
+               {"hidden_size", 8},
+               {"num_attention_heads", 4},
+               {"num_key_value_heads", 2},
                {"num_hidden_layers", 2}});
-  std::vector<SafetensorsEntry> e = {Filler("model.embed_tokens.weight", {5, 8})};
+  std::vector<SafetensorsEntry> e = {
+      Filler("model.embed_tokens.weight", {5, 8})};
   for (int l = 0; l < 2; ++l) {
     const std::string p = "model.layers." + std::to_string(l);
     e.push_back(VTensor(p + ".self_attn.qkv_proj.weight", VLayout::kPhi3Qkv, 4,
@@ -347,10 +369,13 @@ TEST_F(ModelLoaderTest, Phi3FusedQkv) {
 }
 
 TEST_F(ModelLoaderTest, GptNeox) {
-  WriteConfig({{"model_type", "gpt_neox"}, {"hidden_size", 6},
-               {"num_attention_heads", 3}, {"num_hidden_layers", 2},
+  WriteConfig({{"model_type", "gpt_neox"},
+               {"hidden_size", 6},
+               {"num_attention_heads", 3},
+               {"num_hidden_layers", 2},
                {"rotary_pct", 0.25}});
-  std::vector<SafetensorsEntry> e = {Filler("gpt_neox.embed_in.weight", {5, 6})};
+  std::vector<SafetensorsEntry> e = {
+      Filler("gpt_neox.embed_in.weight", {5, 6})};
   for (int l = 0; l < 2; ++l) {
     const std::string p = "gpt_neox.layers." + std::to_string(l);
     e.push_back(VTensor(p + ".attention.query_key_value.weight",
@@ -372,8 +397,8 @@ std::vector<SafetensorsEntry> FalconCheckpoint(VLayout layout, int64_t h,
       Filler("transformer.word_embeddings.weight", {5, hidden})};
   for (int l = 0; l < 2; ++l) {
     const std::string p = "transformer.h." + std::to_string(l);
-    e.push_back(VTensor(p + ".self_attention.query_key_value.weight", layout,
-                        h, k, d, hidden, l));
+    e.push_back(VTensor(p + ".self_attention.query_key_value.weight", layout, h,
+                        k, d, hidden, l));
     e.push_back(Filler(p + ".self_attention.dense.weight", {hidden, hidden}));
     e.push_back(Filler(p + ".mlp.dense_h_to_4h.weight", {4 * hidden, hidden}));
   }
@@ -382,10 +407,14 @@ std::vector<SafetensorsEntry> FalconCheckpoint(VLayout layout, int64_t h,
 
 TEST_F(ModelLoaderTest, FalconNewDecoderArchitectureIsGrouped) {
   // falcon-40b/180b: new_decoder_architecture, num_kv_heads groups.
-  WriteConfig({{"model_type", "falcon"}, {"hidden_size", 8},
-               {"num_attention_heads", 4}, {"num_kv_heads", 2},
-               {"new_decoder_architecture", true}, {"multi_query", true},
-               {"num_hidden_layers", 2}, {"parallel_attn", true}});
+  WriteConfig({{"model_type", "falcon"},
+               {"hidden_size", 8},
+               {"num_attention_heads", 4},
+               {"num_kv_heads", 2},
+               {"new_decoder_architecture", true},
+               {"multi_query", true},
+               {"num_hidden_layers", 2},
+               {"parallel_attn", true}});
   WriteSingle(FalconCheckpoint(VLayout::kFalconGrouped, 4, 2, 2, 8));
   absl::StatusOr<LoadedModel> m = Load();
   ASSERT_TRUE(m.ok()) << m.status();
@@ -394,8 +423,10 @@ TEST_F(ModelLoaderTest, FalconNewDecoderArchitectureIsGrouped) {
 
 TEST_F(ModelLoaderTest, FalconMultiQueryIsTheDefault) {
   // falcon-7b: no new_decoder_architecture, multi_query absent (true).
-  WriteConfig({{"model_type", "falcon"}, {"hidden_size", 8},
-               {"num_attention_heads", 4}, {"num_kv_heads", 4},
+  WriteConfig({{"model_type", "falcon"},
+               {"hidden_size", 8},
+               {"num_attention_heads", 4},
+               {"num_kv_heads", 4},
                {"num_hidden_layers", 2}});
   WriteSingle(FalconCheckpoint(VLayout::kFalconMultiQuery, 4, 1, 2, 8));
   absl::StatusOr<LoadedModel> m = Load();
@@ -404,9 +435,12 @@ TEST_F(ModelLoaderTest, FalconMultiQueryIsTheDefault) {
 }
 
 TEST_F(ModelLoaderTest, FalconClassic) {
-  WriteConfig({{"model_type", "falcon"}, {"hidden_size", 8},
-               {"num_attention_heads", 4}, {"multi_query", false},
-               {"new_decoder_architecture", false}, {"num_hidden_layers", 2}});
+  WriteConfig({{"model_type", "falcon"},
+               {"hidden_size", 8},
+               {"num_attention_heads", 4},
+               {"multi_query", false},
+               {"new_decoder_architecture", false},
+               {"num_hidden_layers", 2}});
   WriteSingle(FalconCheckpoint(VLayout::kFalconClassic, 4, 4, 2, 8));
   absl::StatusOr<LoadedModel> m = Load();
   ASSERT_TRUE(m.ok()) << m.status();
@@ -414,8 +448,11 @@ TEST_F(ModelLoaderTest, FalconClassic) {
 }
 
 TEST_F(ModelLoaderTest, FalconOldRefinedWebKeys) {
-  WriteConfig({{"model_type", "RefinedWebModel"}, {"n_embed", 8},
-               {"n_head", 4}, {"n_layer", 2}, {"multi_query", true}});
+  WriteConfig({{"model_type", "RefinedWebModel"},
+               {"n_embed", 8},
+               {"n_head", 4},
+               {"n_layer", 2},
+               {"multi_query", true}});
   WriteSingle(FalconCheckpoint(VLayout::kFalconMultiQuery, 4, 1, 2, 8));
   absl::StatusOr<LoadedModel> m = Load();
   ASSERT_TRUE(m.ok()) << m.status();
@@ -424,8 +461,10 @@ TEST_F(ModelLoaderTest, FalconOldRefinedWebKeys) {
 
 TEST_F(ModelLoaderTest, FalconWrongFlagIsCaught) {
   // A grouped checkpoint whose config lost new_decoder_architecture.
-  WriteConfig({{"model_type", "falcon"}, {"hidden_size", 8},
-               {"num_attention_heads", 4}, {"num_kv_heads", 2},
+  WriteConfig({{"model_type", "falcon"},
+               {"hidden_size", 8},
+               {"num_attention_heads", 4},
+               {"num_kv_heads", 2},
                {"num_hidden_layers", 2}});
   WriteSingle(FalconCheckpoint(VLayout::kFalconGrouped, 4, 2, 2, 8));
   absl::StatusOr<LoadedModel> m = Load();
@@ -450,8 +489,11 @@ std::vector<SafetensorsEntry> Gpt2Checkpoint(const std::string& prefix) {
 }
 
 TEST_F(ModelLoaderTest, Gpt2WithoutPrefix) {
-  WriteConfig({{"model_type", "gpt2"}, {"n_embd", 6}, {"n_head", 3},
-               {"n_layer", 3}, {"n_positions", 16}});
+  WriteConfig({{"model_type", "gpt2"},
+               {"n_embd", 6},
+               {"n_head", 3},
+               {"n_layer", 3},
+               {"n_positions", 16}});
   WriteSingle(Gpt2Checkpoint(""));
   absl::StatusOr<LoadedModel> m = Load();
   ASSERT_TRUE(m.ok()) << m.status();
@@ -460,8 +502,8 @@ TEST_F(ModelLoaderTest, Gpt2WithoutPrefix) {
 }
 
 TEST_F(ModelLoaderTest, Gpt2WithTransformerPrefix) {
-  WriteConfig({{"model_type", "gpt2"}, {"n_embd", 6}, {"n_head", 3},
-               {"n_layer", 3}});
+  WriteConfig(
+      {{"model_type", "gpt2"}, {"n_embd", 6}, {"n_head", 3}, {"n_layer", 3}});
   WriteSingle(Gpt2Checkpoint("transformer."));
   absl::StatusOr<LoadedModel> m = Load();
   ASSERT_TRUE(m.ok()) << m.status();
@@ -472,8 +514,10 @@ TEST_F(ModelLoaderTest, Gpt2WithTransformerPrefix) {
 // --- Files -----------------------------------------------------------------
 
 TEST_F(ModelLoaderTest, ShardedCheckpoint) {
-  WriteConfig({{"model_type", "llama"}, {"hidden_size", 12},
-               {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+  WriteConfig({{"model_type", "llama"},
+               {"hidden_size", 12},
+               {"num_attention_heads", 4},
+               {"num_key_value_heads", 2},
                {"num_hidden_layers", 4}});
   WriteSharded(SeparateCheckpoint(kVProj, 4, 4, 2, 3, 12), 3);
   absl::StatusOr<LoadedModel> m = Load();
@@ -490,8 +534,10 @@ TEST_F(ModelLoaderTest, ShardedCheckpoint) {
 }
 
 TEST_F(ModelLoaderTest, MissingShardIsReported) {
-  WriteConfig({{"model_type", "llama"}, {"hidden_size", 12},
-               {"num_attention_heads", 4}, {"num_key_value_heads", 2}});
+  WriteConfig({{"model_type", "llama"},
+               {"hidden_size", 12},
+               {"num_attention_heads", 4},
+               {"num_key_value_heads", 2}});
   WriteSharded(SeparateCheckpoint(kVProj, 4, 4, 2, 3, 12), 2);
   fs::remove(dir_ / "model-00002-of-00002.safetensors");
   absl::StatusOr<LoadedModel> m = Load();
@@ -501,7 +547,8 @@ TEST_F(ModelLoaderTest, MissingShardIsReported) {
 }
 
 TEST_F(ModelLoaderTest, SingleFileWithArch) {
-  WriteSingle(SeparateCheckpoint(kVProj, 2, 4, 2, 3, 12), "weights.safetensors");
+  WriteSingle(SeparateCheckpoint(kVProj, 2, 4, 2, 3, 12),
+              "weights.safetensors");
   LoadOptions options;
   options.arch = "llama";
   options.num_heads = 4;
@@ -527,8 +574,10 @@ TEST_F(ModelLoaderTest, SingleFileWithArch) {
 }
 
 TEST_F(ModelLoaderTest, OptionsOverrideConfig) {
-  WriteConfig({{"model_type", "llama"}, {"hidden_size", 12},
-               {"num_attention_heads", 4}, {"num_key_value_heads", 4}});
+  WriteConfig({{"model_type", "llama"},
+               {"hidden_size", 12},
+               {"num_attention_heads", 4},
+               {"num_key_value_heads", 4}});
   WriteSingle(SeparateCheckpoint(kVProj, 2, 4, 2, 3, 12));
   LoadOptions options;
   options.num_kv_heads = 2;
@@ -545,18 +594,21 @@ TEST_F(ModelLoaderTest, MissingPathAndMissingWeights) {
   std::ofstream(dir_ / "pytorch_model.bin") << "x";
   m = Load();
   EXPECT_EQ(m.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(m.status().message(),
-              AllOf(HasSubstr("model.safetensors"), HasSubstr("pytorch_model.bin")));
+  EXPECT_THAT(m.status().message(), AllOf(HasSubstr("model.safetensors"),
+                                          HasSubstr("pytorch_model.bin")));
 }
 
 // --- Fallback and errors ---------------------------------------------------
 
 TEST_F(ModelLoaderTest, UnknownModelTypeFallsBackToNameSearch) {
-  WriteConfig({{"model_type", "mybert"}, {"hidden_size", 8},
-               {"num_attention_heads", 2}, {"num_hidden_layers", 2}});
+  WriteConfig({{"model_type", "mybert"},
+               {"hidden_size", 8},
+               {"num_attention_heads", 2},
+               {"num_hidden_layers", 2}});
   std::vector<SafetensorsEntry> e;
   for (int l = 0; l < 2; ++l) {
-    const std::string p = "encoder.layer." + std::to_string(l) + ".attention.self.";
+    const std::string p =
+        "encoder.layer." + std::to_string(l) + ".attention.self.";
     e.push_back(Filler(p + "query.weight", {8, 8}));
     e.push_back(VTensor(p + "value.weight", VLayout::kSeparate, 2, 2, 4, 8, l));
     e.push_back(Filler(p + "value.bias", {8}));
@@ -581,7 +633,8 @@ TEST_F(ModelLoaderTest, SingleFileWithoutArchUsesNameSearch) {
 }
 
 TEST_F(ModelLoaderTest, AmbiguousFallbackListsCandidates) {
-  WriteConfig({{"model_type", "t5ish"}, {"hidden_size", 8},
+  WriteConfig({{"model_type", "t5ish"},
+               {"hidden_size", 8},
                {"num_attention_heads", 2}});
   std::vector<SafetensorsEntry> e;
   for (int l = 0; l < 2; ++l) {
@@ -595,14 +648,16 @@ TEST_F(ModelLoaderTest, AmbiguousFallbackListsCandidates) {
   absl::StatusOr<LoadedModel> m = Load();
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(m.status().message(),
-              AllOf(HasSubstr("decoder.layers.{layer}.self_attn.v_proj.weight"),
-                    HasSubstr("decoder.layers.{layer}.encoder_attn.v_proj.weight"),
-                    HasSubstr("--arch")));
+  EXPECT_THAT(
+      m.status().message(),
+      AllOf(HasSubstr("decoder.layers.{layer}.self_attn.v_proj.weight"),
+            HasSubstr("decoder.layers.{layer}.encoder_attn.v_proj.weight"),
+            HasSubstr("--arch")));
 }
 
 TEST_F(ModelLoaderTest, NoVTensorsListsNames) {
-  WriteConfig({{"model_type", "llama"}, {"hidden_size", 8},
+  WriteConfig({{"model_type", "llama"},
+               {"hidden_size", 8},
                {"num_attention_heads", 2}});
   WriteSingle({Filler("model.layers.0.self_attn.wv.weight", {8, 8}),
                Filler("model.norm.weight", {8})});
@@ -615,7 +670,8 @@ TEST_F(ModelLoaderTest, NoVTensorsListsNames) {
                     HasSubstr("model.layers.{layer}.self_attn.v_proj.weight")));
 
   // The same through the name search, with the list cut short.
-  WriteConfig({{"model_type", "mystery"}, {"hidden_size", 8},
+  WriteConfig({{"model_type", "mystery"},
+               {"hidden_size", 8},
                {"num_attention_heads", 2}});
   std::vector<SafetensorsEntry> many;
   for (int i = 0; i < 30; ++i) {
@@ -631,8 +687,10 @@ TEST_F(ModelLoaderTest, NoVTensorsListsNames) {
 }
 
 TEST_F(ModelLoaderTest, WrongKvHeadsInConfigIsCaught) {
-  WriteConfig({{"model_type", "llama"}, {"hidden_size", 12},
-               {"num_attention_heads", 4}, {"num_key_value_heads", 4},
+  WriteConfig({{"model_type", "llama"},
+               {"hidden_size", 12},
+               {"num_attention_heads", 4},
+               {"num_key_value_heads", 4},
                {"num_hidden_layers", 2}});
   WriteSingle(SeparateCheckpoint(kVProj, 2, 4, 2, 3, 12));
   absl::StatusOr<LoadedModel> m = Load();
@@ -645,8 +703,10 @@ TEST_F(ModelLoaderTest, WrongKvHeadsInConfigIsCaught) {
 }
 
 TEST_F(ModelLoaderTest, Phi3DeclaredAsLlamaIsCaught) {
-  WriteConfig({{"model_type", "llama"}, {"hidden_size", 8},
-               {"num_attention_heads", 4}, {"num_key_value_heads", 2}});
+  WriteConfig({{"model_type", "llama"},
+               {"hidden_size", 8},
+               {"num_attention_heads", 4},
+               {"num_key_value_heads", 2}});
   WriteSingle({VTensor("model.layers.0.self_attn.v_proj.weight",
                        VLayout::kPhi3Qkv, 4, 2, 2, 8, 0)});
   absl::StatusOr<LoadedModel> m = Load();
@@ -655,8 +715,10 @@ TEST_F(ModelLoaderTest, Phi3DeclaredAsLlamaIsCaught) {
 }
 
 TEST_F(ModelLoaderTest, MissingLayerAndLayerCountMismatch) {
-  WriteConfig({{"model_type", "llama"}, {"hidden_size", 12},
-               {"num_attention_heads", 4}, {"num_key_value_heads", 2}});
+  WriteConfig({{"model_type", "llama"},
+               {"hidden_size", 12},
+               {"num_attention_heads", 4},
+               {"num_key_value_heads", 2}});
   std::vector<SafetensorsEntry> e = SeparateCheckpoint(kVProj, 3, 4, 2, 3, 12);
   std::erase_if(e, [](const SafetensorsEntry& x) {
     return x.name == "model.layers.1.self_attn.v_proj.weight";
@@ -667,8 +729,10 @@ TEST_F(ModelLoaderTest, MissingLayerAndLayerCountMismatch) {
   EXPECT_EQ(m.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(m.status().message(), HasSubstr("missing for layers 1 of 3"));
 
-  WriteConfig({{"model_type", "llama"}, {"hidden_size", 12},
-               {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+  WriteConfig({{"model_type", "llama"},
+               {"hidden_size", 12},
+               {"num_attention_heads", 4},
+               {"num_key_value_heads", 2},
                {"num_hidden_layers", 5}});
   WriteSingle(SeparateCheckpoint(kVProj, 3, 4, 2, 3, 12));
   m = Load();
@@ -679,9 +743,11 @@ TEST_F(ModelLoaderTest, MissingLayerAndLayerCountMismatch) {
 }
 
 TEST_F(ModelLoaderTest, UnsupportedVDType) {
-  WriteConfig({{"model_type", "llama"}, {"hidden_size", 4},
+  WriteConfig({{"model_type", "llama"},
+               {"hidden_size", 4},
                {"num_attention_heads", 2}});
-  WriteSingle({Filler("model.layers.0.self_attn.v_proj.weight", {4, 4}, "F64")});
+  WriteSingle(
+      {Filler("model.layers.0.self_attn.v_proj.weight", {4, 4}, "F64")});
   absl::StatusOr<LoadedModel> m = Load();
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
@@ -690,13 +756,14 @@ TEST_F(ModelLoaderTest, UnsupportedVDType) {
 }
 
 TEST_F(ModelLoaderTest, BadConfigValues) {
-  WriteConfig({{"model_type", "llama"}, {"hidden_size", 12},
+  WriteConfig({{"model_type", "llama"},
+               {"hidden_size", 12},
                {"num_attention_heads", "four"}});
   WriteSingle(SeparateCheckpoint(kVProj, 1, 4, 2, 3, 12));
   absl::StatusOr<LoadedModel> m = Load();
   ASSERT_FALSE(m.ok());
-  EXPECT_THAT(m.status().message(),
-              AllOf(HasSubstr("num_attention_heads"), HasSubstr("positive integer")));
+  EXPECT_THAT(m.status().message(), AllOf(HasSubstr("num_attention_heads"),
+                                          HasSubstr("positive integer")));
   std::ofstream(dir_ / "config.json") << "{not json";
   m = Load();
   ASSERT_FALSE(m.ok());
@@ -748,9 +815,11 @@ TEST(ArchitectureTableTest, BadTablesAreRejected) {
   };
   for (const Case& c : {
            Case{"architectures: [", "architecture table"},
-           Case{"architectures:\n  x:\n    tensors: a.b\n    layout: separate\n",
-                "{layer}"},
-           Case{"architectures:\n  x:\n    tensors: a.{layer}\n    layout: fused\n",
+           Case{
+               "architectures:\n  x:\n    tensors: a.b\n    layout: separate\n",
+               "{layer}"},
+           Case{"architectures:\n  x:\n    tensors: a.{layer}\n    layout: "
+                "fused\n",
                 "unknown V layout"},
            Case{"architectures:\n  x:\n    tensors: a.{layer}\n", "layout"},
            Case{"architectures:\n  x:\n    tensors: a.{layer}\n"

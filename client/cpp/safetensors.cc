@@ -28,10 +28,10 @@ struct DTypeEntry {
 
 // Every dtype safetensors defines with a whole number of bytes per element.
 constexpr DTypeEntry kDTypes[] = {
-    {"BOOL", 1}, {"U8", 1},      {"I8", 1},      {"F8_E5M2", 1},
-    {"F8_E4M3", 1}, {"F8_E8M0", 1}, {"I16", 2},  {"U16", 2},
-    {"F16", 2},  {"BF16", 2},    {"I32", 4},     {"U32", 4},
-    {"F32", 4},  {"F64", 8},     {"I64", 8},     {"U64", 8},
+    {"BOOL", 1},    {"U8", 1},      {"I8", 1},  {"F8_E5M2", 1},
+    {"F8_E4M3", 1}, {"F8_E8M0", 1}, {"I16", 2}, {"U16", 2},
+    {"F16", 2},     {"BF16", 2},    {"I32", 4}, {"U32", 4},
+    {"F32", 4},     {"F64", 8},     {"I64", 8}, {"U64", 8},
 };
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
@@ -133,8 +133,7 @@ const char* DTypeToSafetensors(DType dtype) {
   return "?";
 }
 
-absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(
-    const std::string& path) {
+absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   SafetensorsFile file;
   file.path_ = path;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -156,9 +155,9 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size < 8) {
     ::close(fd);
-    return absl::DataLossError(absl::StrCat(
-        path, ": ", size,
-        " bytes, too short for a safetensors file (at least 8)"));
+    return absl::DataLossError(
+        absl::StrCat(path, ": ", size,
+                     " bytes, too short for a safetensors file (at least 8)"));
   }
   void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   const int map_err = errno;
@@ -225,8 +224,7 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(
 
   std::sort(file.tensors_.begin(), file.tensors_.end(),
             [](const SafetensorsTensorInfo& a, const SafetensorsTensorInfo& b) {
-              return a.begin != b.begin ? a.begin < b.begin
-                                        : a.bytes < b.bytes;
+              return a.begin != b.begin ? a.begin < b.begin : a.bytes < b.bytes;
             });
   for (size_t i = 1; i < file.tensors_.size(); ++i) {
     const SafetensorsTensorInfo& prev = file.tensors_[i - 1];
@@ -298,8 +296,8 @@ absl::StatusOr<SafetensorsTensor> SafetensorsFile::RvdTensor(
   }
   if (!info->supported()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        path_, ": tensor \"", std::string(name), "\" has dtype ", info->dtype_name,
-        "; rvd computes on F32, F16 and BF16 only"));
+        path_, ": tensor \"", std::string(name), "\" has dtype ",
+        info->dtype_name, "; rvd computes on F32, F16 and BF16 only"));
   }
   SafetensorsTensor t;
   t.info = info;
@@ -308,18 +306,18 @@ absl::StatusOr<SafetensorsTensor> SafetensorsFile::RvdTensor(
   return t;
 }
 
-absl::Status WriteSafetensors(const std::string& path,
-                              const std::vector<SafetensorsEntry>& entries,
-                              const std::map<std::string, std::string>& metadata) {
+absl::Status WriteSafetensors(
+    const std::string& path, const std::vector<SafetensorsEntry>& entries,
+    const std::map<std::string, std::string>& metadata) {
   Json header = Json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const SafetensorsEntry& e : entries) {
     std::optional<size_t> elem = SafetensorsDTypeSize(e.dtype);
     if (!elem) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "WriteSafetensors ", path, ": tensor \"", e.name,
-          "\" has unknown dtype \"", e.dtype, "\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("WriteSafetensors ", path, ": tensor \"", e.name,
+                       "\" has unknown dtype \"", e.dtype, "\""));
     }
     uint64_t count = 1;
     for (int64_t d : e.shape) {
@@ -350,8 +348,7 @@ absl::Status WriteSafetensors(const std::string& path,
 
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) {
-    return absl::ErrnoToStatus(errno,
-                               absl::StrCat("cannot create ", path));
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot create ", path));
   }
   char len[8];
   uint64_t n = text.size();

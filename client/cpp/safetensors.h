@@ -50,11 +50,11 @@ const char* DTypeToSafetensors(DType dtype);
 // One tensor as the header describes it.
 struct SafetensorsTensorInfo {
   std::string name;
-  std::string dtype_name;       // as in the header, e.g. "BF16"
-  std::optional<DType> dtype;   // nullopt: a dtype rvd does not compute on
-  std::vector<int64_t> shape;   // may be empty (a scalar)
-  uint64_t begin = 0;           // byte offset in the data section
-  uint64_t bytes = 0;           // end - begin == prod(shape) * element size
+  std::string dtype_name;      // as in the header, e.g. "BF16"
+  std::optional<DType> dtype;  // nullopt: a dtype rvd does not compute on
+  std::vector<int64_t> shape;  // may be empty (a scalar)
+  uint64_t begin = 0;          // byte offset in the data section
+  uint64_t bytes = 0;          // end - begin == prod(shape) * element size
 
   bool supported() const { return dtype.has_value(); }
 };
@@ -107,7 +107,7 @@ class SafetensorsFile {
   const uint8_t* map_ = nullptr;  // the whole file, PROT_READ, MAP_PRIVATE
   size_t map_size_ = 0;           // bytes mapped (the file's size)
   size_t data_offset_ = 0;        // 8 + header length: start of data section
-  std::vector<SafetensorsTensorInfo> tensors_;  // sorted by begin
+  std::vector<SafetensorsTensorInfo> tensors_;        // sorted by begin
   std::map<std::string, size_t, std::less<>> index_;  // name -> tensors_[i]
   std::map<std::string, std::string> metadata_;
 };
@@ -115,9 +115,9 @@ class SafetensorsFile {
 // A tensor for WriteSafetensors.
 struct SafetensorsEntry {
   std::string name;
-  std::string dtype;           // a safetensors dtype string, e.g. "F32"
+  std::string dtype;  // a safetensors dtype string, e.g. "F32"
   std::vector<int64_t> shape;
-  std::string bytes;           // prod(shape) * element size bytes
+  std::string bytes;  // prod(shape) * element size bytes
 };
 
 // Writes `entries` (in order, packed) as a safetensors file at `path`, with

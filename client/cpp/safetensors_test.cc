@@ -44,7 +44,8 @@ class SafetensorsTest : public ::testing::Test {
                               const std::string& header,
                               const std::string& data, uint64_t len_field) {
     std::string bytes(8, '\0');
-    for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(len_field >> (8 * i));
+    for (int i = 0; i < 8; ++i)
+      bytes[i] = static_cast<char>(len_field >> (8 * i));
     return WriteRaw(name, bytes + header + data);
   }
   std::string WriteWithHeader(const std::string& name,
@@ -142,8 +143,8 @@ TEST_F(SafetensorsTest, WriterRejectsBadEntries) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(WriteSafetensors(PathOf("w"), {{"x", "Q4", {1}, "a"}}).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(WriteSafetensors(PathOf("w"), {{"x", "U8", {1}, "a"},
-                                           {"x", "U8", {1}, "b"}})
+  EXPECT_EQ(WriteSafetensors(PathOf("w"),
+                             {{"x", "U8", {1}, "a"}, {"x", "U8", {1}, "b"}})
                 .code(),
             absl::StatusCode::kInvalidArgument);
 }
@@ -165,19 +166,21 @@ TEST_F(SafetensorsTest, Directory) {
 
 TEST_F(SafetensorsTest, TruncatedFile) {
   std::string path = PathOf("t.safetensors");
-  ASSERT_TRUE(WriteSafetensors(path, {{"x", "F32", {4}, FloatBytes({1, 2, 3, 4})}})
-                  .ok());
+  ASSERT_TRUE(
+      WriteSafetensors(path, {{"x", "F32", {4}, FloatBytes({1, 2, 3, 4})}})
+          .ok());
   std::filesystem::resize_file(path, std::filesystem::file_size(path) - 4);
   ExpectError(SafetensorsFile::Open(path), absl::StatusCode::kDataLoss,
               {"t.safetensors", "\"x\"", "beyond the data section"});
 }
 
 TEST_F(SafetensorsTest, HeaderLengthBeyondFile) {
-  std::string header = R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
-  ExpectError(
-      SafetensorsFile::Open(WriteWithHeader("h.safetensors", header,
-                                            std::string(4, '\0'), 10000)),
-      absl::StatusCode::kDataLoss, {"h.safetensors", "header length 10000"});
+  std::string header =
+      R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  ExpectError(SafetensorsFile::Open(WriteWithHeader(
+                  "h.safetensors", header, std::string(4, '\0'), 10000)),
+              absl::StatusCode::kDataLoss,
+              {"h.safetensors", "header length 10000"});
 }
 
 TEST_F(SafetensorsTest, HugeHeaderLength) {
@@ -191,12 +194,14 @@ TEST_F(SafetensorsTest, NonJsonHeader) {
                   WriteWithHeader("j.safetensors", "{\"x\": [1, 2", "")),
               absl::StatusCode::kInvalidArgument,
               {"j.safetensors", "not valid JSON"});
-  ExpectError(SafetensorsFile::Open(WriteWithHeader("k.safetensors", "[1]", "")),
-              absl::StatusCode::kInvalidArgument, {"not a JSON object"});
+  ExpectError(
+      SafetensorsFile::Open(WriteWithHeader("k.safetensors", "[1]", "")),
+      absl::StatusCode::kInvalidArgument, {"not a JSON object"});
 }
 
 TEST_F(SafetensorsTest, OffsetsBeyondFile) {
-  std::string header = R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})";
+  std::string header =
+      R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})";
   ExpectError(SafetensorsFile::Open(WriteWithHeader("o.safetensors", header,
                                                     std::string(8, '\0'))),
               absl::StatusCode::kDataLoss,
@@ -204,7 +209,8 @@ TEST_F(SafetensorsTest, OffsetsBeyondFile) {
 }
 
 TEST_F(SafetensorsTest, BeginAfterEnd) {
-  std::string header = R"({"x":{"dtype":"U8","shape":[0],"data_offsets":[4,2]}})";
+  std::string header =
+      R"({"x":{"dtype":"U8","shape":[0],"data_offsets":[4,2]}})";
   ExpectError(SafetensorsFile::Open(WriteWithHeader("b.safetensors", header,
                                                     std::string(8, '\0'))),
               absl::StatusCode::kInvalidArgument, {"begin > end"});
@@ -220,7 +226,8 @@ TEST_F(SafetensorsTest, SpanDoesNotMatchShape) {
 }
 
 TEST_F(SafetensorsTest, UnknownDType) {
-  std::string header = R"({"w":{"dtype":"Q4_K","shape":[2],"data_offsets":[0,2]}})";
+  std::string header =
+      R"({"w":{"dtype":"Q4_K","shape":[2],"data_offsets":[0,2]}})";
   ExpectError(SafetensorsFile::Open(WriteWithHeader("u.safetensors", header,
                                                     std::string(2, '\0'))),
               absl::StatusCode::kInvalidArgument,
@@ -228,9 +235,10 @@ TEST_F(SafetensorsTest, UnknownDType) {
 }
 
 TEST_F(SafetensorsTest, BadShapes) {
-  for (std::string shape : {"[-1]", "[1.5]", "\"3\"", "[4294967296,4294967296,16]"}) {
-    std::string header = R"({"w":{"dtype":"U8","shape":)" + shape +
-                         R"(,"data_offsets":[0,1]}})";
+  for (std::string shape :
+       {"[-1]", "[1.5]", "\"3\"", "[4294967296,4294967296,16]"}) {
+    std::string header =
+        R"({"w":{"dtype":"U8","shape":)" + shape + R"(,"data_offsets":[0,1]}})";
     ExpectError(SafetensorsFile::Open(WriteWithHeader("d.safetensors", header,
                                                       std::string(1, '\0'))),
                 absl::StatusCode::kInvalidArgument, {"\"w\"", "shape"});
@@ -238,11 +246,11 @@ TEST_F(SafetensorsTest, BadShapes) {
 }
 
 TEST_F(SafetensorsTest, MissingFields) {
-  for (std::string entry : {R"({"shape":[1],"data_offsets":[0,1]})",
-                            R"({"dtype":"U8","data_offsets":[0,1]})",
-                            R"({"dtype":"U8","shape":[1]})",
-                            R"({"dtype":"U8","shape":[1],"data_offsets":[0]})",
-                            R"(7)"}) {
+  for (std::string entry :
+       {R"({"shape":[1],"data_offsets":[0,1]})",
+        R"({"dtype":"U8","data_offsets":[0,1]})",
+        R"({"dtype":"U8","shape":[1]})",
+        R"({"dtype":"U8","shape":[1],"data_offsets":[0]})", R"(7)"}) {
     ExpectError(SafetensorsFile::Open(WriteWithHeader(
                     "f.safetensors", "{\"w\":" + entry + "}", "x")),
                 absl::StatusCode::kInvalidArgument, {"\"w\""});
