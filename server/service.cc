@@ -221,6 +221,7 @@ grpc::Status RvdService::WatchMeasurements(
   std::shared_ptr<Subscription> sub = history_.Subscribe(request->model_id());
   while (!stopping_ && !context->IsCancelled()) {
     std::optional<Measurement> m = sub->Next(absl::Milliseconds(200));
+    if (!m && sub->closed()) break;      // shutting down
     if (m && !writer->Write(*m)) break;  // the client went away
   }
   history_.Unsubscribe(sub);
