@@ -519,9 +519,14 @@ TEST(DTypeConvertTest, HalfRoundTripsAndMatchesHardware) {
 }
 
 TEST(DTypeConvertTest, BFloat16RoundTripsAndRoundsToEven) {
+  std::vector<uint16_t> all(65536);
+  for (int i = 0; i < 65536; ++i) all[i] = static_cast<uint16_t>(i);
+  std::vector<float> fast(65536);
+  ConvertRowToFloat(all.data(), DType::kBF16, 65536, fast.data());
   for (int i = 0; i < 65536; ++i) {
     const uint16_t b = static_cast<uint16_t>(i);
     const float f = BFloat16ToFloat(b);
+    ASSERT_EQ(std::bit_cast<uint32_t>(f), std::bit_cast<uint32_t>(fast[i])) << i;
     if (std::isnan(f)) continue;
     EXPECT_EQ(FloatToBFloat16(f), b);
   }

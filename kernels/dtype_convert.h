@@ -7,7 +7,7 @@
 //   FloatToHalf / FloatToBFloat16: round to nearest, ties to even; overflow
 //     goes to infinity, NaN stays NaN.
 //   ConvertRowToFloat: n elements of `dtype` to f32, using F16C when the CPU
-//     has it.
+//     has it (and AVX2 for bf16).
 //
 // Thread-safe: pure functions.
 #ifndef RVD_KERNELS_DTYPE_CONVERT_H_
@@ -92,6 +92,23 @@ __attribute__((target("avx,f16c"))) inline void HalfRowToFloatF16C(
   for (; j < n; ++j) dst[j] = HalfToFloat(src[j]);
 }
 
+__attribute__((target("avx2"))) inline void BFloat16RowToFloatAvx2(
+    const uint16_t* src, int64_t n, float* dst) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m128i b =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j));
+    const __m256i w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j), w);
+  }
+  for (; j < n; ++j) dst[j] = BFloat16ToFloat(src[j]);
+}
+
+inline bool CpuHasAvx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+
 inline bool CpuHasF16C() {
   static const bool has = __builtin_cpu_supports("f16c") &&
                           __builtin_cpu_supports("avx");
@@ -121,6 +138,12 @@ inline void ConvertRowToFloat(const void* src, DType dtype, int64_t n,
     }
     case DType::kBF16: {
       const auto* b = static_cast<const uint16_t*>(src);
+#if defined(__x86_64__)
+      if (dtype_internal::CpuHasAvx2()) {
+        dtype_internal::BFloat16RowToFloatAvx2(b, n, dst);
+        return;
+      }
+#endif
       for (int64_t j = 0; j < n; ++j) dst[j] = BFloat16ToFloat(b[j]);
       return;
     }
