@@ -166,7 +166,7 @@ def test_rvctl_rejects_corrupt_checkpoints(daemon, tmp_path):
     # A geometry that does not match the tensors: config lies about kv heads.
     write_llama(tmp_path / "g", rng, layers=4)
     cfg = json.loads((tmp_path / "g" / "config.json").read_text())
-    cfg["num_key_value_heads"] = 3
+    cfg["num_key_value_heads"] = 1  # the tensors hold 2 kv heads
     (tmp_path / "g" / "config.json").write_text(json.dumps(cfg))
     r = daemon.rvctl("measure", tmp_path / "g", "--model-id", "corrupt", check=False)
     assert r.returncode == 1 and "shape" in r.stderr, r.stderr
