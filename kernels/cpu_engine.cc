@@ -5,10 +5,11 @@
 //              triangle, and its diagonal (= row sums of squares, so also
 //              ||W||_F^2) in float64; ||G||_F^2 = sum diag^2 +
 //              2 sum strict-upper^2 in float64. Gram kernel, by CPU:
-//                cpu-avx512-1: our AVX-512 kernel (wide W; f32 FMAs over
-//                  K chunks of 1024, each chunk reduced in float64; the
+//                cpu-avx512-1: our AVX-512 kernels (wide W: 4x4 blocks of
+//                  dot products; tall W: 8x32 outer-product blocks; f32
+//                  FMAs over K chunks, each chunk added in float64; the
 //                  float64 diagonal fused in), ~1.3x OpenBLAS here;
-//                cpu-openblas-1: cblas_ssyrk (tall W, or no AVX-512, or
+//                cpu-openblas-1: cblas_ssyrk (no AVX-512, or
 //                  RVD_CPU_GRAM=openblas), diagonal from a float64 pass.
 //              Data whose squares leave f32's normal range is redone with
 //              dsyrk in float64 (AlgebraicFloat64).
@@ -317,6 +318,79 @@ __attribute__((target("avx512f"))) void GramWideAvx512(const float* a,
   }
 }
 
+// The tall Gram (rows > cols), G = W^T W, with AVX-512, into float64:
+// g[i * n + j] += sum_r W[r][i] W[r][j] for j >= i (blocks that straddle the
+// diagonal also write lower entries, which nobody reads), and diag[j] +=
+// sum_r W[r][j]^2 in float64. A GEMM-style outer-product kernel: an 8 x 32
+// block of G in 16 zmm accumulators; per row of W, 8 broadcasts and 2 loads
+// feed 16 FMAs. Rows are taken kRowChunk at a time (128 KB for n = 128,
+// L2-resident), each chunk's f32 sums added into float64.
+constexpr int64_t kRowChunk = 256;
+
+__attribute__((target("avx512f"))) void GramTallAvx512(const float* a,
+                                                       int64_t lda,
+                                                       int64_t len, int64_t n,
+                                                       double* g,
+                                                       double* diag) {
+  for (int64_t r0 = 0; r0 < len; r0 += kRowChunk) {
+    const int64_t r1 = std::min(len, r0 + kRowChunk);
+    for (int64_t r = r0; r < r1; ++r) AddSquares(a + r * lda, n, diag);
+    for (int64_t i = 0; i < n; i += 8) {
+      int64_t ii[8];  // rows of G; past the end: repeat the last, drop later
+      for (int q = 0; q < 8; ++q) ii[q] = std::min(i + q, n - 1);
+      for (int64_t j = i / 32 * 32; j < n; j += 32) {
+        const int64_t w0 = std::clamp<int64_t>(n - j, 0, 16);
+        const int64_t w1 = std::clamp<int64_t>(n - j - 16, 0, 16);
+        const __mmask16 m0 = static_cast<__mmask16>((1u << w0) - 1u);
+        const __mmask16 m1 = static_cast<__mmask16>((1u << w1) - 1u);
+        __m512 c[8][2];
+#pragma GCC unroll 8
+        for (int q = 0; q < 8; ++q) {
+          c[q][0] = _mm512_setzero_ps();
+          c[q][1] = _mm512_setzero_ps();
+        }
+        for (int64_t r = r0; r < r1; ++r) {
+          const float* row = a + r * lda;
+          const __m512 y0 = _mm512_maskz_loadu_ps(m0, row + j);
+          const __m512 y1 = _mm512_maskz_loadu_ps(m1, row + j + 16);
+#pragma GCC unroll 8
+          for (int q = 0; q < 8; ++q) {
+            const __m512 x = _mm512_set1_ps(row[ii[q]]);
+            c[q][0] = _mm512_fmadd_ps(x, y0, c[q][0]);
+            c[q][1] = _mm512_fmadd_ps(x, y1, c[q][1]);
+          }
+        }
+        // Copied out with constant indices, so that c stays in registers
+        // through the loop above (a variable index would pin it to memory).
+        __m512 res[8][2];
+#pragma GCC unroll 8
+        for (int q = 0; q < 8; ++q) {
+          res[q][0] = c[q][0];
+          res[q][1] = c[q][1];
+        }
+        for (int q = 0; q < 8 && i + q < n; ++q) {
+          double* out = g + (i + q) * n + j;
+          for (int h = 0; h < 2; ++h) {
+            const __m512 v = res[q][h];
+            const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+            const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(
+                _mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+            const unsigned bits = h == 0 ? m0 : m1;
+            const __mmask8 mlo = static_cast<__mmask8>(bits & 0xffu);
+            const __mmask8 mhi = static_cast<__mmask8>(bits >> 8);
+            double* o = out + 16 * h;
+            _mm512_mask_storeu_pd(
+                o, mlo, _mm512_add_pd(_mm512_maskz_loadu_pd(mlo, o), lo));
+            _mm512_mask_storeu_pd(
+                o + 8, mhi,
+                _mm512_add_pd(_mm512_maskz_loadu_pd(mhi, o + 8), hi));
+          }
+        }
+      }
+    }
+  }
+}
+
 bool CpuHasAvx512() {
   static const bool has = __builtin_cpu_supports("avx512f");
   return has;
@@ -352,6 +426,19 @@ void GramPart(const MatrixView& v, int64_t k0, int64_t k1, bool avx512,
     b = LoadBlock(v, 0, v.rows, k0, k1, conv);
     for (int64_t i = 0; i < s.n; ++i) diag[i] = SumSquares(b.a + i * b.lda, k);
   } else {
+#if defined(__x86_64__)
+    if (avx512) {
+      std::fill(gram, gram + s.n * s.n, 0.0);
+      std::fill(diag, diag + s.n, 0.0);
+      const int64_t step = v.dtype == DType::kF32 ? k : kRowChunk;
+      for (int64_t r0 = k0; r0 < k1; r0 += step) {
+        const int64_t r1 = std::min(k1, r0 + step);
+        b = LoadBlock(v, r0, r1, 0, v.cols, conv);
+        GramTallAvx512(b.a, b.lda, r1 - r0, s.n, gram, diag);
+      }
+      return;
+    }
+#endif
     b = LoadBlock(v, k0, k1, 0, v.cols, conv);
     std::fill(diag, diag + s.n, 0.0);
     for (int64_t r = 0; r < k; ++r) AddSquares(b.a + r * b.lda, s.n, diag);
