@@ -1,0 +1,1140 @@
+// The CUDA engine (cuda_engine.h).
+//
+// Variants, in the llm.c order (each names what differs):
+//   fused      (exact, default) our kernel (fused_kernel.cuh): one pass over
+//              W, Gram tiles of the upper triangle on tensor cores (3xTF32
+//              for f32, native bf16/f16), ||W||_F^2 and ||G||_F^2 reduced in
+//              float64 per job, then per matrix in job order; G never stored.
+//   algebraic  (exact) the vendor baseline: cuBLAS batched Gram (compute
+//              32F, no TF32) into a workspace, then our float64 reductions
+//              of G (upper triangle weighted) and of W.
+//   naive      (exact) cuSOLVER dgesvd on a float64 copy, singular values
+//              only; PR from them in float64: the validation baseline.
+//   power_iter (estimate) Hutchinson / Hutch++ for tr(G^2) with the CPU
+//              engine's probes (same SplitMix64 draws for the same seed), G z
+//              as two cuBLAS SGEMMs; Hutch++'s small Gram-Schmidt on the host.
+//   sketch     (estimate) the CPU engine's Gaussian sketch: Y = Omega W on
+//              cuBLAS, the mean of the squared off-diagonal entries of Y Y^T.
+//
+// Host batches are packed into pinned staging (rows padded to 16 bytes),
+// copied in chunks on low-priority streams, two contexts ping-ponging so that
+// chunk i+1 is packed and copied while chunk i computes. Matrices whose f32
+// Gram could over- or underflow (|w| beyond ~1e15 or below ~1e-15), flagged
+// by the finalize kernel, are recomputed with the float64 SVD oracle.
+#include "kernels/cuda/cuda_engine.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cusolverDn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch_policy.h"
+#include "kernels/engine.h"
+
+namespace rvd::cuda {
+
+// ---------------------------------------------------------------------------
+// Buffers and contexts.
+
+// Device memory owned by a context, charged to the engine's cap.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  uint64_t size = 0;
+};
+
+// Pinned host memory (not charged: the cap is on device memory).
+struct PinnedBuffer {
+  void* ptr = nullptr;
+  uint64_t size = 0;
+};
+
+struct Context {
+  CudaEngine* engine = nullptr;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;      // created on first use
+  cusolverDnHandle_t cusolver = nullptr;  // created on first use
+  DeviceBuffer input;   // packed host inputs
+  DeviceBuffer work;    // descriptors, partial sums, workspaces
+  PinnedBuffer staging;  // host inputs, packed
+  PinnedBuffer up;       // descriptors on their way to the device
+  PinnedBuffer down;     // results on their way back
+  // What the last enqueued chunk left in `down`, for Collect.
+  size_t pending = 0;    // matrices; 0 when nothing is pending
+  size_t first = 0;      // batch index of the chunk's first matrix
+  std::vector<size_t> order;  // down's slot s holds chunk matrix order[s]
+  std::vector<MatrixView> device_views;  // the chunk's device views
+
+  absl::Status EnsureDevice(DeviceBuffer& b, uint64_t bytes) {
+    if (b.size >= bytes) return absl::OkStatus();
+    const uint64_t want = (bytes + (1u << 20) - 1) / (1u << 20) * (1u << 20);
+    RVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    if (b.ptr != nullptr) {
+      RVD_CUDA_RETURN_IF_ERROR(cudaFree(b.ptr));
+      engine->Uncharge(b.size);
+      b = DeviceBuffer{};
+    }
+    absl::Status s = engine->Charge(want);
+    if (!s.ok()) return s;
+    cudaError_t e = cudaMalloc(&b.ptr, want);
+    if (e != cudaSuccess) {
+      engine->Uncharge(want);
+      b = DeviceBuffer{};
+      RVD_CUDA_RETURN_IF_ERROR(e);
+    }
+    b.size = want;
+    return absl::OkStatus();
+  }
+
+  absl::Status EnsurePinned(PinnedBuffer& b, uint64_t bytes) {
+    if (b.size >= bytes) return absl::OkStatus();
+    const uint64_t want = (bytes + (1u << 20) - 1) / (1u << 20) * (1u << 20);
+    RVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    if (b.ptr != nullptr) RVD_CUDA_RETURN_IF_ERROR(cudaFreeHost(b.ptr));
+    b = PinnedBuffer{};
+    RVD_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&b.ptr, want, cudaHostAllocDefault));
+    b.size = want;
+    return absl::OkStatus();
+  }
+
+  absl::Status Cublas() {
+    if (cublas != nullptr) return absl::OkStatus();
+    RVD_CUDA_RETURN_IF_ERROR(cublasCreate(&cublas));
+    RVD_CUDA_RETURN_IF_ERROR(cublasSetStream(cublas, stream));
+    // Pedantic-free default math: f32 GEMMs stay IEEE (no TF32).
+    RVD_CUDA_RETURN_IF_ERROR(cublasSetMathMode(cublas, CUBLAS_DEFAULT_MATH));
+    return absl::OkStatus();
+  }
+
+  absl::Status Cusolver() {
+    if (cusolver != nullptr) return absl::OkStatus();
+    RVD_CUDA_RETURN_IF_ERROR(cusolverDnCreate(&cusolver));
+    RVD_CUDA_RETURN_IF_ERROR(cusolverDnSetStream(cusolver, stream));
+    return absl::OkStatus();
+  }
+
+  void Destroy() {
+    if (stream != nullptr) cudaStreamSynchronize(stream);
+    if (cublas != nullptr) cublasDestroy(cublas);
+    if (cusolver != nullptr) cusolverDnDestroy(cusolver);
+    for (DeviceBuffer* b : {&input, &work}) {
+      if (b->ptr != nullptr) {
+        cudaFree(b->ptr);
+        engine->Uncharge(b->size);
+      }
+      *b = DeviceBuffer{};
+    }
+    for (PinnedBuffer* b : {&staging, &up, &down}) {
+      if (b->ptr != nullptr) cudaFreeHost(b->ptr);
+      *b = PinnedBuffer{};
+    }
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    stream = nullptr;
+  }
+};
+
+namespace {
+
+// Offsets of the pieces of one buffer, each 256-byte aligned.
+class Layout {
+ public:
+  uint64_t Add(uint64_t bytes) {
+    const uint64_t at = size_;
+    size_ += (bytes + 255) / 256 * 256;
+    return at;
+  }
+  uint64_t size() const { return size_; }
+
+ private:
+  uint64_t size_ = 0;
+};
+
+template <typename T>
+T* At(void* base, uint64_t offset) {
+  return reinterpret_cast<T*>(static_cast<unsigned char*>(base) + offset);
+}
+
+absl::Status NonFiniteError(size_t index) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("batch[", index, "]: matrix contains NaN or Inf"));
+}
+
+absl::Status ValidateView(const MatrixView& v, size_t index) {
+  if (v.data == nullptr || v.rows <= 0 || v.cols <= 0 || v.ld < v.cols) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch[", index, "]: bad matrix view (data ",
+        v.data == nullptr ? "null" : "set", ", rows ", v.rows, ", cols ",
+        v.cols, ", ld ", v.ld, ")"));
+  }
+  if (v.rows > INT32_MAX || v.cols > INT32_MAX || v.ld > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch[", index, "]: dimensions exceed 2^31"));
+  }
+  if (reinterpret_cast<uintptr_t>(v.data) % DTypeSize(v.dtype) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch[", index, "]: data not aligned to its element size"));
+  }
+  return absl::OkStatus();
+}
+
+enum class Kind { kFused, kAlgebraic, kNaive, kPowerIter, kSketch };
+
+// The CPU engine's random numbers (kernels/cpu_engine.cc, class Rng):
+// SplitMix64 with the same seeding, so that both backends draw the same
+// probes for the same seed. Keep the two in step.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed ^ 0x6a09e667f3bcc909ull) {}
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  void Rademacher(float* x, int64_t n) {
+    for (int64_t i = 0; i < n; i += 64) {
+      uint64_t bits = Next();
+      for (int64_t j = i; j < std::min(n, i + 64); ++j, bits >>= 1) {
+        x[j] = (bits & 1) ? 1.0f : -1.0f;
+      }
+    }
+  }
+  void Gaussian(float* x, int64_t n) {
+    for (int64_t i = 0; i < n; i += 2) {
+      const double u1 = (static_cast<double>(Next() >> 11) + 1.0) * 0x1p-53;
+      const double u2 = static_cast<double>(Next() >> 11) * 0x1p-53;
+      const double r = std::sqrt(-2.0 * std::log(u1));
+      x[i] = static_cast<float>(r * std::cos(2.0 * M_PI * u2));
+      if (i + 1 < n) x[i + 1] = static_cast<float>(r * std::sin(2.0 * M_PI * u2));
+    }
+  }
+
+ private:
+  uint64_t state_;
+};
+
+// The CPU engine's Orthonormalize (modified Gram-Schmidt twice, float64) on
+// q (n x m, row-major).
+void Orthonormalize(std::vector<float>& q, int64_t n, int64_t m) {
+  std::vector<double> d(q.begin(), q.end());
+  for (int64_t c = 0; c < m; ++c) {
+    double n0 = 0;
+    for (int64_t i = 0; i < n; ++i) n0 += d[i * m + c] * d[i * m + c];
+    const double norm0 = std::sqrt(n0);
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int64_t p = 0; p < c; ++p) {
+        double dot = 0;
+        for (int64_t i = 0; i < n; ++i) dot += d[i * m + p] * d[i * m + c];
+        for (int64_t i = 0; i < n; ++i) d[i * m + c] -= dot * d[i * m + p];
+      }
+    }
+    double nn = 0;
+    for (int64_t i = 0; i < n; ++i) nn += d[i * m + c] * d[i * m + c];
+    nn = std::sqrt(nn);
+    const double inv = (nn > 1e-10 * norm0 && nn > 0) ? 1.0 / nn : 0.0;
+    for (int64_t i = 0; i < n; ++i) d[i * m + c] *= inv;
+  }
+  for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>(d[i]);
+}
+
+double ClampedPR(double trace, double g2_estimate, int64_t n) {
+  const double t2 = trace * trace;
+  const double g2 = std::clamp(g2_estimate, t2 / static_cast<double>(n), t2);
+  return t2 / g2;
+}
+
+// Row-major r x c <-> column-major r x c.
+std::vector<float> RowToColMajor(const float* x, int64_t r, int64_t c) {
+  std::vector<float> y(static_cast<size_t>(r * c));
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j) y[i + j * r] = x[i * c + j];
+  return y;
+}
+std::vector<float> ColToRowMajor(const float* x, int64_t r, int64_t c) {
+  std::vector<float> y(static_cast<size_t>(r * c));
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j) y[i * c + j] = x[i + j * r];
+  return y;
+}
+
+cudaDataType CudaType(DType d) {
+  switch (d) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kF16: return CUDA_R_16F;
+    case DType::kBF16: return CUDA_R_16BF;
+  }
+  return CUDA_R_32F;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// One call's work on one context: enqueue a chunk, collect its results.
+class Runner {
+ public:
+  Runner(CudaEngine* engine, const VariantSpec& spec, Kind kind,
+         bool use_mutant)
+      : engine_(engine), spec_(spec), kind_(kind), use_mutant_(use_mutant) {}
+
+  // Budget of device bytes for one context's work buffer or input chunk.
+  uint64_t Budget() const {
+    const uint64_t per = engine_->options_.max_device_bytes /
+                         std::max(1, engine_->options_.streams);
+    return std::max<uint64_t>(per / 2, 1u << 20);
+  }
+
+  // Queues (or, for the estimators and naive, runs) the variant on `views`
+  // (device pointers), chunk matrices [first, first + views.size()) of the
+  // batch. Fused and algebraic results land in ctx.down; others in results_.
+  absl::Status Enqueue(Context& ctx, absl::Span<const MatrixView> views,
+                       size_t first) {
+    ctx.first = first;
+    ctx.device_views.assign(views.begin(), views.end());
+    ctx.pending = views.size();
+    switch (kind_) {
+      case Kind::kFused: return EnqueueFused(ctx);
+      case Kind::kAlgebraic: return EnqueueAlgebraic(ctx);
+      case Kind::kNaive: return RunNaive(ctx);
+      case Kind::kPowerIter:
+      case Kind::kSketch: return RunEstimator(ctx);
+    }
+    return absl::InternalError("unknown kind");
+  }
+
+  // Waits for ctx's pending chunk and writes its PRs to out[first + i].
+  // `host_batch` (may be empty) is the caller's host views, for fallbacks.
+  absl::Status Collect(Context& ctx, absl::Span<const MatrixView> host_batch,
+                       absl::Span<double> out) {
+    if (ctx.pending == 0) return absl::OkStatus();
+    const size_t count = ctx.pending;
+    ctx.pending = 0;
+    RVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+    if (kind_ != Kind::kFused && kind_ != Kind::kAlgebraic) {
+      for (size_t i = 0; i < count; ++i) out[ctx.first + i] = results_[i];
+      return absl::OkStatus();
+    }
+    const double* pr = At<double>(ctx.down.ptr, 0);
+    const int32_t* status = At<int32_t>(ctx.down.ptr, count * sizeof(double));
+    int64_t fallbacks = 0;
+    for (size_t s = 0; s < count; ++s) {
+      const size_t i = ctx.order[s];
+      const size_t global = ctx.first + i;
+      if (status[s] == kStatusNonFinite) return NonFiniteError(global);
+      if (status[s] == kStatusOk) {
+        out[global] = pr[s];
+        continue;
+      }
+      // Untrusted f32 range: the float64 oracle on the host.
+      absl::StatusOr<double> exact =
+          host_batch.empty() ? OracleFromDevice(ctx, ctx.device_views[i])
+                             : OraclePR(host_batch[global]);
+      if (!exact.ok()) return exact.status();
+      out[global] = *exact;
+      ++fallbacks;
+    }
+    if (fallbacks > 0) engine_->Count("oracle_fallback", fallbacks);
+    return absl::OkStatus();
+  }
+
+  std::string CountKey() const {
+    switch (kind_) {
+      case Kind::kFused:
+        return absl::StrCat("fused/", use_mutant_ ? "MUTANT-" : "",
+                            kFusedPolicySm90.name);
+      case Kind::kAlgebraic: return "algebraic/cublas-gemm-batched-32f";
+      case Kind::kNaive: return "naive/cusolver-dgesvd";
+      case Kind::kPowerIter:
+        return spec_.hutch_plus_plus ? "power_iter/cublas-hutch++"
+                                     : "power_iter/cublas-hutchinson";
+      case Kind::kSketch: return "sketch/cublas-gaussian";
+    }
+    return "?";
+  }
+
+ private:
+  absl::StatusOr<double> OracleFromDevice(Context& ctx, const MatrixView& v) {
+    const size_t es = DTypeSize(v.dtype);
+    std::vector<unsigned char> host(static_cast<size_t>(v.rows * v.cols) * es);
+    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+        host.data(), v.cols * es, v.data, v.ld * es, v.cols * es, v.rows,
+        cudaMemcpyDeviceToHost, ctx.stream));
+    RVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+    MatrixView h = v;
+    h.data = host.data();
+    h.ld = v.cols;
+    return OraclePR(h);
+  }
+
+  // Fused: descriptors and jobs up, one launch per dtype, finalize, results
+  // down. Matrices are ordered by dtype (stable) so that each dtype's jobs
+  // are contiguous; ctx.order maps result slots back.
+  absl::Status EnqueueFused(Context& ctx) {
+    const auto& views = ctx.device_views;
+    const size_t m = views.size();
+    ctx.order.resize(m);
+    std::iota(ctx.order.begin(), ctx.order.end(), size_t{0});
+    std::stable_sort(ctx.order.begin(), ctx.order.end(),
+                     [&](size_t a, size_t b) {
+                       return static_cast<int>(views[a].dtype) <
+                              static_cast<int>(views[b].dtype);
+                     });
+    std::vector<MatrixDesc> descs(m);
+    std::vector<int64_t> sides(m);
+    for (size_t s = 0; s < m; ++s) {
+      descs[s] = MakeDesc(views[ctx.order[s]]);
+      sides[s] = descs[s].n;
+    }
+    EnumerateFusedJobs(sides, kFusedPolicySm90.block_tile, &jobs_, &job_begin_);
+    const size_t nj = jobs_.size();
+    Layout up;
+    const uint64_t o_desc = up.Add(m * sizeof(MatrixDesc));
+    const uint64_t o_jobs = up.Add(nj * sizeof(FusedJob));
+    const uint64_t o_jb = up.Add((m + 1) * sizeof(int32_t));
+    Layout work = up;
+    const uint64_t o_g2 = work.Add(nj * sizeof(double));
+    const uint64_t o_tr = work.Add(nj * sizeof(double));
+    const uint64_t o_mx = work.Add(nj * sizeof(float));
+    const uint64_t o_pr = work.Add(m * sizeof(double));
+    const uint64_t o_st = work.Add(m * sizeof(int32_t));
+    absl::Status s = ctx.EnsurePinned(ctx.up, up.size());
+    if (s.ok()) s = ctx.EnsurePinned(ctx.down, m * (sizeof(double) + sizeof(int32_t)));
+    if (s.ok()) s = ctx.EnsureDevice(ctx.work, work.size());
+    if (!s.ok()) return s;
+    std::memcpy(At<void>(ctx.up.ptr, o_desc), descs.data(), m * sizeof(MatrixDesc));
+    std::memcpy(At<void>(ctx.up.ptr, o_jobs), jobs_.data(), nj * sizeof(FusedJob));
+    std::memcpy(At<void>(ctx.up.ptr, o_jb), job_begin_.data(), (m + 1) * sizeof(int32_t));
+    void* w = ctx.work.ptr;
+    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(w, ctx.up.ptr, up.size(),
+                                             cudaMemcpyHostToDevice, ctx.stream));
+    const auto* d_desc = At<MatrixDesc>(w, o_desc);
+    const auto* d_jobs = At<FusedJob>(w, o_jobs);
+    // One launch per dtype over its contiguous jobs.
+    size_t s0 = 0;
+    while (s0 < m) {
+      const DType dt = views[ctx.order[s0]].dtype;
+      size_t s1 = s0;
+      while (s1 < m && views[ctx.order[s1]].dtype == dt) ++s1;
+      const int j0 = job_begin_[s0], j1 = job_begin_[s1];
+      bool offdiag = false;
+      for (int j = j0; j < j1; ++j) offdiag |= jobs_[j].diagonal == 0;
+      FusedLauncher launch = &LaunchFused;
+      if (use_mutant_) {
+        if (g_fused_mutant_launcher == nullptr) {
+          return absl::FailedPreconditionError("no mutant kernel linked");
+        }
+        launch = g_fused_mutant_launcher;
+      }
+      RVD_CUDA_RETURN_IF_ERROR(launch(dt, d_desc, d_jobs + j0, j1 - j0, offdiag,
+                                      At<double>(w, o_g2) + j0,
+                                      At<double>(w, o_tr) + j0,
+                                      At<float>(w, o_mx) + j0, ctx.stream));
+      s0 = s1;
+    }
+    RVD_CUDA_RETURN_IF_ERROR(LaunchFinalize(
+        d_desc, At<int32_t>(w, o_jb), static_cast<int>(m), At<double>(w, o_g2),
+        At<double>(w, o_tr), At<float>(w, o_mx), At<double>(w, o_pr),
+        At<int32_t>(w, o_st), ctx.stream));
+    return Download(ctx, At<double>(w, o_pr), At<int32_t>(w, o_st), m);
+  }
+
+  absl::Status Download(Context& ctx, const double* d_pr, const int32_t* d_st,
+                        size_t m) {
+    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ctx.down.ptr, d_pr,
+                                             m * sizeof(double),
+                                             cudaMemcpyDeviceToHost, ctx.stream));
+    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        At<void>(ctx.down.ptr, m * sizeof(double)), d_st, m * sizeof(int32_t),
+        cudaMemcpyDeviceToHost, ctx.stream));
+    return absl::OkStatus();
+  }
+
+  // Algebraic: per shape group, cuBLAS Gram into a workspace in sub-batches
+  // that fit the budget, our float64 sum of squares of its upper triangle;
+  // float64 ||W||^2 and max |w| from the stats kernel; the same finalize.
+  absl::Status EnqueueAlgebraic(Context& ctx) {
+    const auto& views = ctx.device_views;
+    const size_t m = views.size();
+    ctx.order.resize(m);
+    std::iota(ctx.order.begin(), ctx.order.end(), size_t{0});
+    std::vector<MatrixDesc> descs(m);
+    std::vector<int32_t> jb(m + 1);
+    for (size_t i = 0; i < m; ++i) {
+      descs[i] = MakeDesc(views[i]);
+      jb[i] = static_cast<int32_t>(i);
+    }
+    jb[m] = static_cast<int32_t>(m);
+    const std::vector<ShapeGroup> groups = GroupByShape(views);
+    // Largest Gram sub-batch: bounded by the budget, at least one matrix.
+    uint64_t gram_bytes = 0;
+    for (const ShapeGroup& g : groups) {
+      const uint64_t n = GramSide(g.key.rows, g.key.cols);
+      const uint64_t per = n * n * sizeof(float);
+      const uint64_t fit = std::max<uint64_t>(1, Budget() / per);
+      gram_bytes = std::max(gram_bytes, per * std::min<uint64_t>(fit, g.members.size()));
+    }
+    Layout up;
+    const uint64_t o_desc = up.Add(m * sizeof(MatrixDesc));
+    const uint64_t o_jb = up.Add((m + 1) * sizeof(int32_t));
+    const uint64_t o_ptrs = up.Add(m * sizeof(void*));  // A pointers, by group
+    Layout work = up;
+    const uint64_t o_cptrs = work.Add(m * sizeof(void*));
+    const uint64_t o_g2 = work.Add(m * sizeof(double));
+    const uint64_t o_tr = work.Add(m * sizeof(double));
+    const uint64_t o_mx = work.Add(m * sizeof(float));
+    const uint64_t o_pr = work.Add(m * sizeof(double));
+    const uint64_t o_st = work.Add(m * sizeof(int32_t));
+    const uint64_t o_gram = work.Add(gram_bytes);
+    absl::Status s = ctx.EnsurePinned(ctx.up, work.size() - gram_bytes);
+    if (s.ok()) s = ctx.EnsurePinned(ctx.down, m * (sizeof(double) + sizeof(int32_t)));
+    if (s.ok()) s = ctx.Cublas();
+    if (s.ok()) s = ctx.EnsureDevice(ctx.work, work.size());
+    if (!s.ok()) return s;
+    void* w = ctx.work.ptr;
+    float* gram = At<float>(w, o_gram);
+    std::memcpy(At<void>(ctx.up.ptr, o_desc), descs.data(), m * sizeof(MatrixDesc));
+    std::memcpy(At<void>(ctx.up.ptr, o_jb), jb.data(), (m + 1) * sizeof(int32_t));
+    // A pointers in group order, and the C pointers (the same for every
+    // group: sub-batch slot j at gram + j * n * n) right after them.
+    const void** aptrs = At<const void*>(ctx.up.ptr, o_ptrs);
+    void** cptrs = At<void*>(ctx.up.ptr, o_cptrs);
+    size_t slot = 0;
+    std::vector<size_t> group_slot;
+    for (const ShapeGroup& g : groups) {
+      group_slot.push_back(slot);
+      const int64_t n = GramSide(g.key.rows, g.key.cols);
+      const uint64_t fit = std::max<uint64_t>(1, Budget() / (n * n * sizeof(float)));
+      for (size_t j = 0; j < g.members.size(); ++j) {
+        aptrs[slot] = views[g.members[j]].data;
+        cptrs[slot] = gram + static_cast<int64_t>(j % fit) * n * n;
+        ++slot;
+      }
+    }
+    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(w, ctx.up.ptr, o_cptrs + m * sizeof(void*),
+                                             cudaMemcpyHostToDevice, ctx.stream));
+    const auto* d_desc = At<MatrixDesc>(w, o_desc);
+    double* d_g2 = At<double>(w, o_g2);
+    // Stats per dtype run (the stats kernel takes one dtype per launch).
+    for (size_t i = 0; i < m;) {
+      size_t e = i;
+      while (e < m && views[e].dtype == views[i].dtype) ++e;
+      RVD_CUDA_RETURN_IF_ERROR(LaunchStats(views[i].dtype, d_desc + i,
+                                           static_cast<int>(e - i),
+                                           At<double>(w, o_tr) + i,
+                                           At<float>(w, o_mx) + i, ctx.stream));
+      i = e;
+    }
+    const float one = 1.0f, zero = 0.0f;
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      const ShapeGroup& g = groups[gi];
+      const bool tall = g.key.rows > g.key.cols;
+      const int n = static_cast<int>(GramSide(g.key.rows, g.key.cols));
+      const int k = static_cast<int>(tall ? g.key.rows : g.key.cols);
+      const int ld = static_cast<int>(g.key.ld);
+      const cudaDataType t = CudaType(g.key.dtype);
+      const uint64_t fit = std::max<uint64_t>(1, Budget() / (uint64_t(n) * n * sizeof(float)));
+      for (size_t b0 = 0; b0 < g.members.size(); b0 += fit) {
+        const size_t b1 = std::min<size_t>(g.members.size(), b0 + fit);
+        const size_t first_slot = group_slot[gi] + b0;
+        const auto* d_a = At<const void*>(w, o_ptrs) + first_slot;
+        auto* d_c = At<void*>(w, o_cptrs) + first_slot;
+        // Column-major X = W^T (cols x rows, ld): wide G = X^T X, tall X X^T.
+        RVD_CUDA_RETURN_IF_ERROR(cublasGemmBatchedEx(
+            ctx.cublas, tall ? CUBLAS_OP_N : CUBLAS_OP_T,
+            tall ? CUBLAS_OP_T : CUBLAS_OP_N, n, n, k, &one, d_a, t, ld, d_a, t,
+            ld, &zero, d_c, CUDA_R_32F, n, static_cast<int>(b1 - b0),
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        // Results for members b0..b1 go to their batch slots; the kernel
+        // writes consecutively, so reduce one matrix at a time when the
+        // members are not consecutive in the batch.
+        bool consecutive = true;
+        for (size_t j = b0 + 1; j < b1; ++j) {
+          consecutive &= g.members[j] == g.members[j - 1] + 1;
+        }
+        if (consecutive) {
+          RVD_CUDA_RETURN_IF_ERROR(LaunchSumSquares(
+              gram, int64_t{n} * n, static_cast<int>(b1 - b0), n, n, n,
+              SumMode::kSymUpper, d_g2 + g.members[b0], ctx.stream));
+        } else {
+          for (size_t j = b0; j < b1; ++j) {
+            RVD_CUDA_RETURN_IF_ERROR(LaunchSumSquares(
+                gram + static_cast<int64_t>(j - b0) * n * n, 0, 1, n, n, n,
+                SumMode::kSymUpper, d_g2 + g.members[j], ctx.stream));
+          }
+        }
+      }
+    }
+    RVD_CUDA_RETURN_IF_ERROR(LaunchFinalize(
+        d_desc, At<int32_t>(w, o_jb), static_cast<int>(m), d_g2,
+        At<double>(w, o_tr), At<float>(w, o_mx), At<double>(w, o_pr),
+        At<int32_t>(w, o_st), ctx.stream));
+    return Download(ctx, At<double>(w, o_pr), At<int32_t>(w, o_st), m);
+  }
+
+  // ||W||^2 and max |w| for every matrix of the chunk, on the host; fails on
+  // NaN/Inf naming the batch index. Leaves the descriptors at work + 0.
+  absl::Status HostStats(Context& ctx, std::vector<double>* trace) {
+    const auto& views = ctx.device_views;
+    const size_t m = views.size();
+    Layout l;
+    const uint64_t o_desc = l.Add(m * sizeof(MatrixDesc));
+    const uint64_t o_tr = l.Add(m * sizeof(double));
+    const uint64_t o_mx = l.Add(m * sizeof(float));
+    absl::Status s = ctx.EnsurePinned(ctx.up, l.size());
+    if (s.ok()) s = ctx.EnsureDevice(ctx.work, l.size() + work_extra_);
+    if (!s.ok()) return s;
+    auto* descs = At<MatrixDesc>(ctx.up.ptr, o_desc);
+    for (size_t i = 0; i < m; ++i) descs[i] = MakeDesc(views[i]);
+    void* w = ctx.work.ptr;
+    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(w, ctx.up.ptr, o_tr,
+                                             cudaMemcpyHostToDevice, ctx.stream));
+    for (size_t i = 0; i < m; ++i) {
+      RVD_CUDA_RETURN_IF_ERROR(LaunchStats(views[i].dtype,
+                                           At<MatrixDesc>(w, o_desc) + i, 1,
+                                           At<double>(w, o_tr) + i,
+                                           At<float>(w, o_mx) + i, ctx.stream));
+    }
+    trace->resize(m);
+    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(trace->data(), At<double>(w, o_tr),
+                                             m * sizeof(double),
+                                             cudaMemcpyDeviceToHost, ctx.stream));
+    RVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+    for (size_t i = 0; i < m; ++i) {
+      if (!std::isfinite((*trace)[i])) return NonFiniteError(ctx.first + i);
+    }
+    stats_bytes_ = l.size();
+    return absl::OkStatus();
+  }
+
+  // Naive: per matrix, a float64 copy in gesvd's layout (m >= n), singular
+  // values only, PR from them on the host in float64 (as OraclePR).
+  absl::Status RunNaive(Context& ctx) {
+    const auto& views = ctx.device_views;
+    absl::Status s = ctx.Cusolver();
+    if (!s.ok()) return s;
+    // Workspace of the largest matrix, queried before anything is queued.
+    uint64_t need = 0;
+    for (const MatrixView& v : views) {
+      const int mr = static_cast<int>(std::max(v.rows, v.cols));
+      const int nc = static_cast<int>(std::min(v.rows, v.cols));
+      int lwork = 0;
+      RVD_CUDA_RETURN_IF_ERROR(cusolverDnDgesvd_bufferSize(ctx.cusolver, mr, nc, &lwork));
+      Layout l;
+      l.Add(uint64_t(mr) * nc * sizeof(double));
+      l.Add(uint64_t(nc) * sizeof(double));
+      l.Add(uint64_t(lwork) * sizeof(double));
+      l.Add(sizeof(int));
+      need = std::max(need, l.size());
+    }
+    work_extra_ = need;
+    std::vector<double> trace;
+    s = HostStats(ctx, &trace);
+    if (!s.ok()) return s;
+    results_.assign(views.size(), 0.0);
+    for (size_t i = 0; i < views.size(); ++i) {
+      if (trace[i] == 0) continue;  // all zero: PR 0
+      const MatrixView& v = views[i];
+      const int mr = static_cast<int>(std::max(v.rows, v.cols));
+      const int nc = static_cast<int>(std::min(v.rows, v.cols));
+      int lwork = 0;
+      RVD_CUDA_RETURN_IF_ERROR(cusolverDnDgesvd_bufferSize(ctx.cusolver, mr, nc, &lwork));
+      Layout l;
+      l.Add(stats_bytes_);
+      const uint64_t o_a = l.Add(uint64_t(mr) * nc * sizeof(double));
+      const uint64_t o_s = l.Add(uint64_t(nc) * sizeof(double));
+      const uint64_t o_w = l.Add(uint64_t(lwork) * sizeof(double));
+      const uint64_t o_info = l.Add(sizeof(int));
+      void* w = ctx.work.ptr;
+      const MatrixDesc d = MakeDesc(v);
+      RVD_CUDA_RETURN_IF_ERROR(LaunchToF64ForSvd(v.dtype, d, At<double>(w, o_a), ctx.stream));
+      RVD_CUDA_RETURN_IF_ERROR(cusolverDnDgesvd(
+          ctx.cusolver, 'N', 'N', mr, nc, At<double>(w, o_a), mr,
+          At<double>(w, o_s), nullptr, 1, nullptr, 1, At<double>(w, o_w), lwork,
+          nullptr, At<int>(w, o_info)));
+      std::vector<double> sv(static_cast<size_t>(nc));
+      int info = 0;
+      RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sv.data(), At<double>(w, o_s),
+                                               nc * sizeof(double),
+                                               cudaMemcpyDeviceToHost, ctx.stream));
+      RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&info, At<int>(w, o_info), sizeof(int),
+                                               cudaMemcpyDeviceToHost, ctx.stream));
+      RVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+      if (info != 0) {
+        return absl::InternalError(absl::StrCat("batch[", ctx.first + i,
+                                                "]: cusolverDnDgesvd info ", info));
+      }
+      const double smax = *std::max_element(sv.begin(), sv.end());
+      if (smax == 0) continue;
+      double sum2 = 0, sum4 = 0;
+      for (double x : sv) {
+        const double t = x / smax, t2 = t * t;
+        sum2 += t2;
+        sum4 += t2 * t2;
+      }
+      results_[i] = sum2 * sum2 / sum4;
+    }
+    return absl::OkStatus();
+  }
+
+  // out (n x w, column-major) = G z for z (n x w, column-major), as two
+  // SGEMMs on X = W^T (column-major cols x rows, f32 dense): wide
+  // G z = X^T (X z), tall G z = X (X^T z). tmp holds len x w.
+  absl::Status GramTimes(Context& ctx, const float* x, bool tall, int n,
+                         int len, const float* z, int w, float* tmp,
+                         float* out) {
+    const float one = 1.0f, zero = 0.0f;
+    if (!tall) {  // X is len x n (ld len)
+      RVD_CUDA_RETURN_IF_ERROR(cublasSgemm(ctx.cublas, CUBLAS_OP_N, CUBLAS_OP_N,
+                                           len, w, n, &one, x, len, z, n, &zero,
+                                           tmp, len));
+      RVD_CUDA_RETURN_IF_ERROR(cublasSgemm(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N,
+                                           n, w, len, &one, x, len, tmp, len,
+                                           &zero, out, n));
+    } else {  // X is n x len (ld n)
+      RVD_CUDA_RETURN_IF_ERROR(cublasSgemm(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N,
+                                           len, w, n, &one, x, n, z, n, &zero,
+                                           tmp, len));
+      RVD_CUDA_RETURN_IF_ERROR(cublasSgemm(ctx.cublas, CUBLAS_OP_N, CUBLAS_OP_N,
+                                           n, w, len, &one, x, n, tmp, len,
+                                           &zero, out, n));
+    }
+    return absl::OkStatus();
+  }
+
+  // power_iter and sketch, one matrix at a time (estimators; not the fast
+  // path). The draws are the CPU engine's, from the seed alone.
+  absl::Status RunEstimator(Context& ctx) {
+    const auto& views = ctx.device_views;
+    absl::Status s = ctx.Cublas();
+    if (!s.ok()) return s;
+    // Workspace: f32 copy, probes/sketch, tmp, out, for the largest matrix.
+    const int64_t kp = spec_.probes, r = spec_.sketch_rank;
+    uint64_t need = 0;
+    for (const MatrixView& v : views) {
+      const int64_t n = std::min(v.rows, v.cols), len = std::max(v.rows, v.cols);
+      const int64_t wdt = kind_ == Kind::kSketch ? r : kp;
+      Layout l;
+      l.Add(uint64_t(v.rows) * v.cols * 4);
+      l.Add(uint64_t(n) * wdt * 4);
+      l.Add(uint64_t(len) * wdt * 4);
+      l.Add(uint64_t(std::max(n, r)) * wdt * 4);
+      l.Add(8);
+      need = std::max(need, l.size());
+    }
+    work_extra_ = need;
+    std::vector<double> trace;
+    s = HostStats(ctx, &trace);
+    if (!s.ok()) return s;
+    results_.assign(views.size(), 0.0);
+    for (size_t i = 0; i < views.size(); ++i) {
+      if (trace[i] == 0) continue;
+      const MatrixView& v = views[i];
+      const bool tall = v.rows > v.cols;
+      const int64_t n = std::min(v.rows, v.cols), len = std::max(v.rows, v.cols);
+      const int64_t wdt = kind_ == Kind::kSketch ? r : kp;
+      Layout l;
+      l.Add(stats_bytes_);
+      const uint64_t o_x = l.Add(uint64_t(v.rows) * v.cols * 4);
+      const uint64_t o_z = l.Add(uint64_t(n) * wdt * 4);
+      const uint64_t o_tmp = l.Add(uint64_t(len) * wdt * 4);
+      const uint64_t o_out = l.Add(uint64_t(std::max(n, r)) * wdt * 4);
+      const uint64_t o_sum = l.Add(8);
+      void* w = ctx.work.ptr;
+      float* x = At<float>(w, o_x);
+      float* z = At<float>(w, o_z);
+      float* tmp = At<float>(w, o_tmp);
+      float* out = At<float>(w, o_out);
+      double* sum = At<double>(w, o_sum);
+      RVD_CUDA_RETURN_IF_ERROR(LaunchToF32(v.dtype, MakeDesc(v), x, ctx.stream));
+      absl::StatusOr<double> g2 =
+          kind_ == Kind::kSketch
+              ? Sketch(ctx, x, tall, n, len, trace[i], z, tmp, out, sum)
+              : Hutch(ctx, x, tall, n, len, z, tmp, out, sum);
+      if (!g2.ok()) return g2.status();
+      if (!std::isfinite(*g2)) return NonFiniteError(ctx.first + i);
+      results_[i] = ClampedPR(trace[i], *g2, n);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<double> DeviceSum(Context& ctx, const float* a, int rows,
+                                   int cols, SumMode mode, double* sum) {
+    RVD_CUDA_RETURN_IF_ERROR(LaunchSumSquares(a, 0, 1, rows, cols, rows, mode,
+                                              sum, ctx.stream));
+    double h = 0;
+    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&h, sum, sizeof(double),
+                                             cudaMemcpyDeviceToHost, ctx.stream));
+    RVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+    return h;
+  }
+
+  absl::Status Upload(Context& ctx, float* dst, const std::vector<float>& src) {
+    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src.data(),
+                                             src.size() * sizeof(float),
+                                             cudaMemcpyHostToDevice, ctx.stream));
+    // src is pageable and lives on our stack frame: wait before returning.
+    RVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<double> Hutch(Context& ctx, const float* x, bool tall,
+                               int64_t n, int64_t len, float* z, float* tmp,
+                               float* out, double* sum) {
+    Rng rng(spec_.seed);
+    const int64_t k = spec_.probes;
+    const int64_t m = spec_.hutch_plus_plus && k >= 3 ? k / 3 : 0;
+    const int64_t probes = k - 2 * m;
+    const int ni = static_cast<int>(n), li = static_cast<int>(len);
+    double g2 = 0;
+    std::vector<float> q;  // row-major n x m
+    if (m > 0) {
+      std::vector<float> z1(static_cast<size_t>(n * m));
+      rng.Rademacher(z1.data(), n * m);
+      absl::Status s = Upload(ctx, z, RowToColMajor(z1.data(), n, m));
+      if (s.ok()) s = GramTimes(ctx, x, tall, ni, li, z, static_cast<int>(m), tmp, out);
+      if (!s.ok()) return s;
+      std::vector<float> gz(static_cast<size_t>(n * m));
+      RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(gz.data(), out, gz.size() * 4,
+                                               cudaMemcpyDeviceToHost, ctx.stream));
+      RVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+      q = ColToRowMajor(gz.data(), n, m);
+      Orthonormalize(q, n, m);
+      s = Upload(ctx, z, RowToColMajor(q.data(), n, m));
+      if (s.ok()) s = GramTimes(ctx, x, tall, ni, li, z, static_cast<int>(m), tmp, out);
+      if (!s.ok()) return s;
+      absl::StatusOr<double> f = DeviceSum(ctx, out, ni, static_cast<int>(m), SumMode::kAll, sum);
+      if (!f.ok()) return f.status();
+      g2 += *f;
+    }
+    std::vector<float> z2(static_cast<size_t>(n * probes));
+    rng.Rademacher(z2.data(), n * probes);
+    if (m > 0) {  // z -= Q (Q^T z), in float64 on the host
+      for (int64_t p = 0; p < probes; ++p) {
+        for (int64_t c = 0; c < m; ++c) {
+          double dot = 0;
+          for (int64_t i = 0; i < n; ++i) dot += double(q[i * m + c]) * z2[i * probes + p];
+          for (int64_t i = 0; i < n; ++i) {
+            z2[i * probes + p] = static_cast<float>(z2[i * probes + p] - dot * q[i * m + c]);
+          }
+        }
+      }
+    }
+    absl::Status s = Upload(ctx, z, RowToColMajor(z2.data(), n, probes));
+    if (s.ok()) s = GramTimes(ctx, x, tall, ni, li, z, static_cast<int>(probes), tmp, out);
+    if (!s.ok()) return s;
+    absl::StatusOr<double> f = DeviceSum(ctx, out, ni, static_cast<int>(probes), SumMode::kAll, sum);
+    if (!f.ok()) return f.status();
+    return g2 + *f / static_cast<double>(probes);
+  }
+
+  absl::StatusOr<double> Sketch(Context& ctx, const float* x, bool tall,
+                                int64_t n, int64_t len, double trace, float* o,
+                                float* yt, float* mm, double* sum) {
+    Rng rng(spec_.seed);
+    const int64_t r = spec_.sketch_rank;
+    // Omega, row-major r x n, is column-major n x r: O = Omega^T as is.
+    std::vector<float> omega(static_cast<size_t>(r * n));
+    rng.Gaussian(omega.data(), r * n);
+    absl::Status s = Upload(ctx, o, omega);
+    if (!s.ok()) return s;
+    const float one = 1.0f, zero = 0.0f;
+    const int ni = static_cast<int>(n), li = static_cast<int>(len), ri = static_cast<int>(r);
+    // Yt (len x r) = X O (wide; X len x n) or X^T O (tall; X n x len).
+    RVD_CUDA_RETURN_IF_ERROR(cublasSgemm(
+        ctx.cublas, tall ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, li, ri, ni,
+        &one, x, tall ? ni : li, o, ni, &zero, yt, li));
+    // M (r x r) = Yt^T Yt.
+    RVD_CUDA_RETURN_IF_ERROR(cublasSgemm(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, ri,
+                                         ri, li, &one, yt, li, yt, li, &zero, mm, ri));
+    if (r == 1) {
+      float m00 = 0;
+      RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&m00, mm, 4, cudaMemcpyDeviceToHost,
+                                               ctx.stream));
+      RVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+      return (double(m00) * m00 - trace * trace) / 2.0;
+    }
+    absl::StatusOr<double> off = DeviceSum(ctx, mm, ri, ri, SumMode::kStrictUpper, sum);
+    if (!off.ok()) return off.status();
+    return 2.0 * *off / static_cast<double>(r * (r - 1));
+  }
+
+  CudaEngine* engine_;
+  VariantSpec spec_;
+  Kind kind_;
+  bool use_mutant_;
+  std::vector<FusedJob> jobs_;
+  std::vector<int32_t> job_begin_;
+  std::vector<double> results_;  // naive and estimators, chunk order
+  uint64_t work_extra_ = 0;
+  uint64_t stats_bytes_ = 0;
+};
+
+// ---------------------------------------------------------------------------
+// The engine.
+
+CudaEngine::CudaEngine(const CudaEngineOptions& options) : options_(options) {}
+
+CudaEngine::~CudaEngine() {
+  cudaSetDevice(options_.device);
+  absl::MutexLock lock(&mu_);
+  for (auto& c : contexts_) c->Destroy();
+}
+
+absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(
+    const CudaEngineOptions& options) {
+  if (options.streams < 1) {
+    return absl::InvalidArgumentError("CUDA engine needs streams >= 1");
+  }
+  std::unique_ptr<CudaEngine> e(new CudaEngine(options));
+  absl::Status s = e->Init();
+  if (!s.ok()) return s;
+  return e;
+}
+
+absl::Status CudaEngine::Init() {
+  int count = 0;
+  RVD_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  if (options_.device < 0 || options_.device >= count) {
+    return absl::UnavailableError(absl::StrCat(
+        "CUDA device ", options_.device, " requested; ", count, " present"));
+  }
+  RVD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  cudaDeviceProp prop;
+  RVD_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options_.device));
+  sm_major_ = prop.major;
+  sm_minor_ = prop.minor;
+  if (sm_major_ < 8) {
+    return absl::UnavailableError(absl::StrCat(
+        "CUDA device ", prop.name, " is sm_", sm_major_, sm_minor_,
+        "; the fused kernel needs sm_80 or newer"));
+  }
+  version_ = KernelVersion(sm_major_, sm_minor_);
+  int least = 0, greatest = 0;
+  RVD_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  absl::MutexLock lock(&mu_);
+  for (int i = 0; i < options_.streams; ++i) {
+    auto ctx = std::make_unique<Context>();
+    ctx->engine = this;
+    // `least` is the lowest priority: a trainer's kernels come first.
+    RVD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(
+        &ctx->stream, cudaStreamNonBlocking, least));
+    free_.push_back(ctx.get());
+    contexts_.push_back(std::move(ctx));
+  }
+  return absl::OkStatus();
+}
+
+Context* CudaEngine::Acquire(bool wait) {
+  absl::MutexLock lock(&mu_);
+  if (!wait && free_.empty()) return nullptr;
+  mu_.Await(absl::Condition(
+      +[](std::vector<Context*>* f) { return !f->empty(); }, &free_));
+  Context* c = free_.back();
+  free_.pop_back();
+  return c;
+}
+
+void CudaEngine::Release(Context* ctx) {
+  absl::MutexLock lock(&mu_);
+  free_.push_back(ctx);
+}
+
+absl::Status CudaEngine::Charge(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  if (held_bytes_ + bytes > options_.max_device_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "device memory cap: this request needs ", bytes,
+        " more bytes; rvd holds ", held_bytes_, " of max_device_bytes ",
+        options_.max_device_bytes));
+  }
+  held_bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+void CudaEngine::Uncharge(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  held_bytes_ -= std::min(bytes, held_bytes_);
+}
+
+uint64_t CudaEngine::DeviceBytesHeld() const {
+  absl::MutexLock lock(&mu_);
+  return held_bytes_;
+}
+
+void CudaEngine::Count(const std::string& key, int64_t n) {
+  absl::MutexLock lock(&mu_);
+  served_[key] += n;
+}
+
+std::map<std::string, int64_t> CudaEngine::ServedCounts() const {
+  absl::MutexLock lock(&mu_);
+  return served_;
+}
+
+namespace {
+
+absl::StatusOr<Kind> ParseVariant(const VariantSpec& v) {
+  const std::string name = v.name.empty() ? "fused" : v.name;
+  if (name == "fused") return Kind::kFused;
+  if (name == "algebraic") return Kind::kAlgebraic;
+  if (name == "naive") return Kind::kNaive;
+  if (name == "power_iter") {
+    if (v.probes < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("power_iter needs probes >= 1, got ", v.probes));
+    }
+    return Kind::kPowerIter;
+  }
+  if (name == "sketch") {
+    if (v.sketch_rank < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sketch needs sketch_rank >= 1, got ", v.sketch_rank));
+    }
+    return Kind::kSketch;
+  }
+  return absl::UnimplementedError(absl::StrCat(
+      "unknown variant '", name, "' on the cuda backend (known: ",
+      absl::StrJoin(KnownVariants(), ", "), ")"));
+}
+
+}  // namespace
+
+absl::Status CudaEngine::ComputePR(absl::Span<const MatrixView> batch,
+                                   const VariantSpec& variant,
+                                   absl::Span<double> out) {
+  if (out.size() != batch.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "out has ", out.size(), " slots for a batch of ", batch.size()));
+  }
+  std::fill(out.begin(), out.end(), std::numeric_limits<double>::quiet_NaN());
+  absl::StatusOr<Kind> kind = ParseVariant(variant);
+  if (!kind.ok()) return kind.status();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    absl::Status s = ValidateView(batch[i], i);
+    if (!s.ok()) return s;
+  }
+  if (batch.empty()) return absl::OkStatus();
+  RVD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+
+  Runner runner(this, variant, *kind, use_mutant_.load());
+  std::vector<uint64_t> sizes(batch.size());
+  std::vector<int64_t> lds(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    sizes[i] = PackedBytes(batch[i], &lds[i]);
+    if (sizes[i] > options_.max_device_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "batch[", i, "] needs ", sizes[i], " device bytes; max_device_bytes is ",
+          options_.max_device_bytes));
+    }
+  }
+  const std::vector<size_t> bounds = ChunkByBytes(sizes, runner.Budget());
+
+  // Two contexts when the batch has two chunks and a second is free.
+  std::vector<Context*> ctxs = {Acquire(true)};
+  if (bounds.size() > 2) {
+    if (Context* c = Acquire(false)) ctxs.push_back(c);
+  }
+  absl::Status status;
+  auto finish = absl::MakeCleanup([&] {
+    for (Context* c : ctxs) {
+      if (status.ok()) {
+        status = runner.Collect(*c, batch, out);
+      } else {
+        cudaStreamSynchronize(c->stream);  // buffers idle before reuse
+        c->pending = 0;
+      }
+      Release(c);
+    }
+  });
+  for (size_t ci = 0; ci + 1 < bounds.size(); ++ci) {
+    Context& ctx = *ctxs[ci % ctxs.size()];
+    status = runner.Collect(ctx, batch, out);  // syncs: staging is free
+    if (!status.ok()) return status;
+    const size_t b = bounds[ci], e = bounds[ci + 1];
+    uint64_t total = 0;
+    for (size_t i = b; i < e; ++i) total += sizes[i];
+    status = ctx.EnsurePinned(ctx.staging, total);
+    if (status.ok()) status = ctx.EnsureDevice(ctx.input, total);
+    if (!status.ok()) return status;
+    std::vector<MatrixView> dev(e - b);
+    uint64_t off = 0;
+    for (size_t i = b; i < e; ++i) {
+      const MatrixView& v = batch[i];
+      const size_t es = DTypeSize(v.dtype);
+      auto* dst = At<unsigned char>(ctx.staging.ptr, off);
+      const auto* src = static_cast<const unsigned char*>(v.data);
+      if (v.ld == lds[i]) {
+        std::memcpy(dst, src, static_cast<size_t>(v.rows * v.ld) * es);
+      } else {
+        for (int64_t r = 0; r < v.rows; ++r) {
+          std::memcpy(dst + r * lds[i] * es, src + r * v.ld * es, v.cols * es);
+        }
+      }
+      dev[i - b] = MatrixView{At<unsigned char>(ctx.input.ptr, off), v.rows,
+                              v.cols, lds[i], v.dtype};
+      off += sizes[i];
+    }
+    status = cuda_internal::ToStatus(cudaMemcpyAsync(ctx.input.ptr, ctx.staging.ptr, total,
+                                      cudaMemcpyHostToDevice, ctx.stream),
+                      "cudaMemcpyAsync(input)", __FILE__, __LINE__);
+    if (status.ok()) status = runner.Enqueue(ctx, dev, b);
+    if (!status.ok()) return status;
+  }
+  std::move(finish).Invoke();
+  if (status.ok()) Count(runner.CountKey(), static_cast<int64_t>(batch.size()));
+  return status;
+}
+
+absl::Status CudaEngine::ComputePRDevice(
+    absl::Span<const MatrixView> device_batch, const VariantSpec& variant,
+    absl::Span<double> out, cudaStream_t stream) {
+  if (out.size() != device_batch.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "out has ", out.size(), " slots for a batch of ", device_batch.size()));
+  }
+  std::fill(out.begin(), out.end(), std::numeric_limits<double>::quiet_NaN());
+  absl::StatusOr<Kind> kind = ParseVariant(variant);
+  if (!kind.ok()) return kind.status();
+  for (size_t i = 0; i < device_batch.size(); ++i) {
+    absl::Status s = ValidateView(device_batch[i], i);
+    if (!s.ok()) return s;
+  }
+  if (device_batch.empty()) return absl::OkStatus();
+  RVD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  Runner runner(this, variant, *kind, use_mutant_.load());
+  Context* ctx = Acquire(true);
+  absl::Status status;
+  {
+    auto release = absl::MakeCleanup([&] {
+      cudaStreamSynchronize(ctx->stream);
+      ctx->pending = 0;
+      Release(ctx);
+    });
+    cudaEvent_t ready = nullptr;
+    status = cuda_internal::ToStatus(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming),
+                      "cudaEventCreateWithFlags", __FILE__, __LINE__);
+    if (!status.ok()) return status;
+    status = cuda_internal::ToStatus(cudaEventRecord(ready, stream), "cudaEventRecord",
+                      __FILE__, __LINE__);
+    if (status.ok()) {
+      status = cuda_internal::ToStatus(cudaStreamWaitEvent(ctx->stream, ready, 0),
+                        "cudaStreamWaitEvent", __FILE__, __LINE__);
+    }
+    cudaEventDestroy(ready);
+    if (status.ok()) status = runner.Enqueue(*ctx, device_batch, 0);
+    if (status.ok()) status = runner.Collect(*ctx, {}, out);
+  }
+  if (status.ok()) Count(runner.CountKey(), static_cast<int64_t>(device_batch.size()));
+  return status;
+}
+
+}  // namespace rvd::cuda

@@ -1,0 +1,524 @@
+// GPU tests of the CUDA engine (label gpu; run on the H200 host with
+// `ctest --test-dir build -L gpu`). Without a usable device every test
+// skips. Every variant x dtype x shape family is checked against the float64
+// SVD oracle with the one tolerance rule (kernels/pr_check.h), on fresh
+// random inputs, with outputs poisoned before each run; the same checker must
+// catch a deliberately wrong fused kernel (fused_mutant.cu).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_engine.h"
+#include "kernels/cuda/launch_policy.h"
+#include "kernels/dtype_convert.h"
+#include "kernels/engine.h"
+#include "kernels/pr_check.h"
+
+namespace rvd::cuda {
+namespace {
+
+using ::testing::HasSubstr;
+
+enum class Spectrum { kFlat, kPowerLaw, kRankOne, kGaussian };
+const char* SpectrumName(Spectrum s) {
+  switch (s) {
+    case Spectrum::kFlat: return "flat";
+    case Spectrum::kPowerLaw: return "powerlaw";
+    case Spectrum::kRankOne: return "rank1";
+    case Spectrum::kGaussian: return "gaussian";
+  }
+  return "?";
+}
+
+// Rows of a (k x d, row-major) made orthonormal (modified Gram-Schmidt,
+// twice). k <= d.
+void OrthonormalizeRows(std::vector<double>& a, int64_t k, int64_t d) {
+  for (int64_t r = 0; r < k; ++r) {
+    double* x = &a[r * d];
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int64_t p = 0; p < r; ++p) {
+        const double* y = &a[p * d];
+        double dot = 0;
+        for (int64_t i = 0; i < d; ++i) dot += x[i] * y[i];
+        for (int64_t i = 0; i < d; ++i) x[i] -= dot * y[i];
+      }
+    }
+    double nn = 0;
+    for (int64_t i = 0; i < d; ++i) nn += x[i] * x[i];
+    nn = std::sqrt(nn);
+    for (int64_t i = 0; i < d; ++i) x[i] /= nn;
+  }
+}
+
+// A rows x cols matrix (row-major) with the given spectrum family. Flat and
+// power-law: U diag(s) V^T with orthonormal factors of rank q = min(n, 96)
+// plus (for q < n) a Gaussian floor at the level of s_q, so large shapes
+// stay cheap to build. Never zero.
+std::vector<double> MakeMatrix(std::mt19937_64& rng, int64_t rows, int64_t cols,
+                               Spectrum spec) {
+  std::normal_distribution<double> normal;
+  const double scale = std::exp(std::uniform_real_distribution<double>(-2, 2)(rng));
+  std::vector<double> w(static_cast<size_t>(rows * cols));
+  if (spec == Spectrum::kGaussian) {
+    for (double& x : w) x = scale * normal(rng);
+    return w;
+  }
+  if (spec == Spectrum::kRankOne) {
+    std::vector<double> u(rows), v(cols);
+    for (double& x : u) x = normal(rng);
+    for (double& x : v) x = normal(rng);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) w[i * cols + j] = scale * u[i] * v[j];
+    return w;
+  }
+  const int64_t n = std::min(rows, cols);
+  const int64_t q = std::min<int64_t>(n, 96);
+  std::vector<double> u(static_cast<size_t>(q * rows)), v(static_cast<size_t>(q * cols));
+  for (double& x : u) x = normal(rng);
+  for (double& x : v) x = normal(rng);
+  OrthonormalizeRows(u, q, rows);
+  OrthonormalizeRows(v, q, cols);
+  const double amp = scale * std::sqrt(static_cast<double>(std::max(rows, cols)));
+  auto sv = [&](int64_t c) {
+    return spec == Spectrum::kFlat ? 1.0 : std::pow(static_cast<double>(c + 1), -0.7);
+  };
+  const double floor = q < n ? sv(q) / std::sqrt(static_cast<double>(std::max(rows, cols))) : 0.0;
+  for (int64_t c = 0; c < q; ++c) {
+    const double s = amp * sv(c);
+    for (int64_t i = 0; i < rows; ++i) {
+      const double us = s * u[c * rows + i];
+      double* wr = &w[i * cols];
+      const double* vc = &v[c * cols];
+      for (int64_t j = 0; j < cols; ++j) wr[j] += us * vc[j];
+    }
+  }
+  if (floor > 0) {
+    for (double& x : w) x += amp * floor * normal(rng);
+  }
+  return w;
+}
+
+struct Stored {
+  std::vector<uint8_t> bytes;
+  MatrixView view;
+  std::string label;
+};
+
+Stored Store(const std::vector<double>& w, int64_t rows, int64_t cols,
+             DType dtype, int64_t pad, const std::string& label) {
+  Stored st;
+  const int64_t ld = cols + pad;
+  const size_t es = DTypeSize(dtype);
+  st.bytes.resize(static_cast<size_t>(rows * ld) * es);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < ld; ++j) {
+      const float f = j < cols ? static_cast<float>(w[i * cols + j]) : nan;
+      uint8_t* p = st.bytes.data() + static_cast<size_t>(i * ld + j) * es;
+      if (dtype == DType::kF32) {
+        std::memcpy(p, &f, 4);
+      } else {
+        const uint16_t h = dtype == DType::kF16 ? FloatToHalf(f) : FloatToBFloat16(f);
+        std::memcpy(p, &h, 2);
+      }
+    }
+  }
+  st.view = MatrixView{st.bytes.data(), rows, cols, ld, dtype};
+  st.label = absl::StrCat(label, " ", rows, "x", cols, " ld=", ld, " ", DTypeName(dtype));
+  return st;
+}
+
+std::vector<double> Oracle(const std::vector<Stored>& suite) {
+  std::vector<double> ref;
+  for (const Stored& s : suite) {
+    absl::StatusOr<double> pr = OraclePR(s.view);
+    EXPECT_TRUE(pr.ok()) << pr.status();
+    ref.push_back(pr.ok() ? *pr : std::nan(""));
+  }
+  return ref;
+}
+
+// Device copy of a host suite with the same ld (and an optional byte offset
+// of the base, to test unaligned rows).
+struct DeviceSuite {
+  std::vector<void*> buffers;
+  std::vector<MatrixView> views;
+  ~DeviceSuite() {
+    for (void* p : buffers) cudaFree(p);
+  }
+};
+
+void ToDevice(const std::vector<Stored>& suite, int offset_elems, DeviceSuite* d) {
+  for (const Stored& s : suite) {
+    const size_t es = DTypeSize(s.view.dtype);
+    void* p = nullptr;
+    ASSERT_EQ(cudaMalloc(&p, s.bytes.size() + 64), cudaSuccess);
+    d->buffers.push_back(p);
+    auto* base = static_cast<uint8_t*>(p) + offset_elems * es;
+    ASSERT_EQ(cudaMemcpy(base, s.bytes.data(), s.bytes.size(), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    MatrixView v = s.view;
+    v.data = base;
+    d->views.push_back(v);
+  }
+}
+
+std::vector<MatrixView> Views(const std::vector<Stored>& suite) {
+  std::vector<MatrixView> v;
+  for (const Stored& s : suite) v.push_back(s.view);
+  return v;
+}
+
+std::vector<double> Poisoned(size_t n) {
+  std::vector<double> out(n);
+  std::memset(out.data(), 0xFF, n * sizeof(double));  // NaN bytes
+  return out;
+}
+
+// Reports mismatches with labels; returns the check result.
+CheckResult Check(const std::vector<double>& got, const std::vector<double>& ref,
+                  const std::vector<Stored>& suite, const std::string& what) {
+  CheckResult r = CheckPR(got, ref, kExactPrTolerance);
+  if (r.mismatches > 0) {
+    std::string labels;
+    int shown = 0;
+    for (size_t i = 0; i < got.size() && shown < 10; ++i) {
+      if (!WithinTolerance(got[i], ref[i], kExactPrTolerance)) {
+        absl::StrAppend(&labels, "  ", suite[i].label, ": got ", got[i], " ref ", ref[i], "\n");
+        ++shown;
+      }
+    }
+    ADD_FAILURE() << what << ": " << r.mismatches << " mismatches, max rel "
+                  << r.max_rel_error << "\n" << labels;
+  }
+  return r;
+}
+
+class CudaEngineTest : public ::testing::Test {
+ protected:
+  static std::unique_ptr<CudaEngine> MakeEngine(CudaEngineOptions o = {}) {
+    absl::StatusOr<std::unique_ptr<CudaEngine>> e = CudaEngine::Create(o);
+    if (!e.ok()) return nullptr;
+    return std::move(*e);
+  }
+  void SetUp() override {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      GTEST_SKIP() << "no CUDA device";
+    }
+    engine_ = MakeEngine();
+    if (engine_ == nullptr) GTEST_SKIP() << "no usable CUDA device";
+  }
+  std::mt19937_64 rng_{std::random_device{}()};
+  std::unique_ptr<CudaEngine> engine_;
+};
+
+struct Shape {
+  int64_t rows, cols;
+};
+
+std::vector<Stored> Suite(std::mt19937_64& rng, DType dtype,
+                          const std::vector<Shape>& shapes, int64_t pad = 0) {
+  std::vector<Stored> suite;
+  for (const Shape& sh : shapes) {
+    for (Spectrum sp : {Spectrum::kFlat, Spectrum::kPowerLaw, Spectrum::kRankOne,
+                        Spectrum::kGaussian}) {
+      suite.push_back(Store(MakeMatrix(rng, sh.rows, sh.cols, sp), sh.rows, sh.cols,
+                            dtype, pad, SpectrumName(sp)));
+    }
+  }
+  return suite;
+}
+
+const std::vector<Shape> kShapes = {{1, 512},  {512, 1},   {7, 33},     {300, 40},
+                                    {33, 300}, {128, 4096}, {4096, 128}, {129, 1000},
+                                    {200, 129}, {257, 3001}, {64, 64}};
+
+TEST_F(CudaEngineTest, VersionAndDefault) {
+  EXPECT_EQ(engine_->Backend(), "cuda");
+  EXPECT_EQ(engine_->DefaultVariant(), "fused");
+  EXPECT_THAT(engine_->Version(), HasSubstr("cuda-fused-v1/sm"));
+}
+
+TEST_F(CudaEngineTest, ExactVariantsMatchOracle) {
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const std::vector<Stored> suite = Suite(rng_, dt, kShapes, dt == DType::kF32 ? 3 : 0);
+    const std::vector<double> ref = Oracle(suite);
+    for (const char* name : {"fused", "algebraic"}) {
+      std::vector<double> out = Poisoned(suite.size());
+      VariantSpec v;
+      v.name = name;
+      ASSERT_TRUE(engine_->ComputePR(Views(suite), v, absl::MakeSpan(out)).ok());
+      Check(out, ref, suite, absl::StrCat(name, " ", DTypeName(dt)));
+    }
+  }
+  const auto counts = engine_->ServedCounts();
+  EXPECT_GT(counts.at(absl::StrCat("fused/", kFusedPolicySm90.name)), 0);
+}
+
+TEST_F(CudaEngineTest, LargeMatricesMatchOracle) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    std::vector<Stored> suite;
+    for (Spectrum sp : {Spectrum::kPowerLaw, Spectrum::kGaussian}) {
+      suite.push_back(Store(MakeMatrix(rng_, 1024, 4096, sp), 1024, 4096, dt, 0,
+                            SpectrumName(sp)));
+    }
+    suite.push_back(Store(MakeMatrix(rng_, 3000, 700, Spectrum::kPowerLaw), 3000, 700,
+                          dt, 0, "powerlaw"));
+    const std::vector<double> ref = Oracle(suite);
+    for (const char* name : {"fused", "algebraic"}) {
+      std::vector<double> out = Poisoned(suite.size());
+      VariantSpec v;
+      v.name = name;
+      ASSERT_TRUE(engine_->ComputePR(Views(suite), v, absl::MakeSpan(out)).ok());
+      Check(out, ref, suite, absl::StrCat(name, " large ", DTypeName(dt)));
+    }
+  }
+}
+
+TEST_F(CudaEngineTest, NaiveMatchesOracle) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const std::vector<Stored> suite =
+        Suite(rng_, dt, {{1, 512}, {512, 1}, {7, 33}, {300, 40}, {128, 1024}});
+    const std::vector<double> ref = Oracle(suite);
+    std::vector<double> out = Poisoned(suite.size());
+    VariantSpec v;
+    v.name = "naive";
+    ASSERT_TRUE(engine_->ComputePR(Views(suite), v, absl::MakeSpan(out)).ok());
+    Check(out, ref, suite, absl::StrCat("naive ", DTypeName(dt)));
+  }
+}
+
+// Device views: aligned with padding, unaligned rows (ld * esize not a
+// multiple of 16), and an unaligned base: the scalar load path.
+TEST_F(CudaEngineTest, DeviceViewsStridedAndUnaligned) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (int64_t pad : {0, 3, 8}) {
+      for (int offset : {0, 1}) {
+        const std::vector<Stored> suite =
+            Suite(rng_, dt, {{7, 33}, {128, 1000}, {300, 40}, {129, 257}}, pad);
+        const std::vector<double> ref = Oracle(suite);
+        DeviceSuite d;
+        ToDevice(suite, offset, &d);
+        for (const char* name : {"fused", "algebraic"}) {
+          std::vector<double> out = Poisoned(suite.size());
+          VariantSpec v;
+          v.name = name;
+          absl::Status s = engine_->ComputePRDevice(d.views, v, absl::MakeSpan(out), nullptr);
+          ASSERT_TRUE(s.ok()) << s;
+          Check(out, ref, suite,
+                absl::StrCat(name, " device pad=", pad, " offset=", offset, " ",
+                             DTypeName(dt)));
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaEngineTest, FusedIsBitwiseDeterministic) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const std::vector<Stored> suite = Suite(rng_, dt, {{128, 4096}, {300, 40}, {257, 513}});
+    std::vector<double> a = Poisoned(suite.size()), b = Poisoned(suite.size());
+    VariantSpec v;
+    ASSERT_TRUE(engine_->ComputePR(Views(suite), v, absl::MakeSpan(a)).ok());
+    ASSERT_TRUE(engine_->ComputePR(Views(suite), v, absl::MakeSpan(b)).ok());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(double)), 0);
+    // A matrix alone gives the same bits as in a batch.
+    std::vector<double> one(1);
+    ASSERT_TRUE(engine_->ComputePR({suite[5].view}, v, absl::MakeSpan(one)).ok());
+    EXPECT_EQ(std::memcmp(&one[0], &a[5], sizeof(double)), 0);
+  }
+}
+
+TEST_F(CudaEngineTest, ZeroMatrixIsZeroEverywhere) {
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    std::vector<double> zeros(64 * 300, 0.0);
+    const Stored z = Store(zeros, 64, 300, dt, 0, "zero");
+    for (const std::string& name : KnownVariants()) {
+      std::vector<double> out = Poisoned(1);
+      VariantSpec v;
+      v.name = name;
+      absl::Status s = engine_->ComputePR({z.view}, v, absl::MakeSpan(out));
+      ASSERT_TRUE(s.ok()) << name << ": " << s;
+      EXPECT_EQ(out[0], 0.0) << name << " " << DTypeName(dt);
+    }
+  }
+}
+
+TEST_F(CudaEngineTest, NaNIsInvalidArgumentNamingIndex) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    std::vector<Stored> suite = Suite(rng_, dt, {{40, 300}});
+    std::vector<double> w = MakeMatrix(rng_, 40, 300, Spectrum::kGaussian);
+    w[17 * 300 + 5] = std::numeric_limits<double>::quiet_NaN();
+    suite[2] = Store(w, 40, 300, dt, 0, "nan");
+    for (const std::string& name : KnownVariants()) {
+      std::vector<double> out = Poisoned(suite.size());
+      VariantSpec v;
+      v.name = name;
+      absl::Status s = engine_->ComputePR(Views(suite), v, absl::MakeSpan(out));
+      EXPECT_TRUE(absl::IsInvalidArgument(s)) << name << ": " << s;
+      EXPECT_THAT(s.message(), HasSubstr("batch[2]")) << name;
+    }
+  }
+}
+
+TEST_F(CudaEngineTest, HugeAndTinyMagnitudesFallBackExactly) {
+  std::vector<Stored> suite;
+  for (double scale : {1e18, 1e-22}) {
+    std::vector<double> w = MakeMatrix(rng_, 64, 256, Spectrum::kPowerLaw);
+    for (double& x : w) x *= scale;
+    suite.push_back(Store(w, 64, 256, DType::kF32, 0, absl::StrCat("scale ", scale)));
+  }
+  const std::vector<double> ref = Oracle(suite);
+  for (const char* name : {"fused", "algebraic"}) {
+    std::vector<double> out = Poisoned(suite.size());
+    VariantSpec v;
+    v.name = name;
+    ASSERT_TRUE(engine_->ComputePR(Views(suite), v, absl::MakeSpan(out)).ok());
+    Check(out, ref, suite, name);
+  }
+  EXPECT_GT(engine_->ServedCounts()["oracle_fallback"], 0);
+}
+
+TEST_F(CudaEngineTest, MemoryCapIsResourceExhausted) {
+  CudaEngineOptions o;
+  o.max_device_bytes = 1 << 20;
+  std::unique_ptr<CudaEngine> small = MakeEngine(o);
+  ASSERT_NE(small, nullptr);
+  const Stored big = Store(MakeMatrix(rng_, 1024, 4096, Spectrum::kGaussian), 1024,
+                           4096, DType::kF32, 0, "big");
+  for (const char* name : {"fused", "algebraic"}) {
+    std::vector<double> out(1);
+    VariantSpec v;
+    v.name = name;
+    absl::Status s = small->ComputePR({big.view}, v, absl::MakeSpan(out));
+    EXPECT_TRUE(absl::IsResourceExhausted(s)) << name << ": " << s;
+  }
+  EXPECT_LE(small->DeviceBytesHeld(), o.max_device_bytes);
+  // A small matrix still works under the same cap.
+  const Stored little = Store(MakeMatrix(rng_, 16, 64, Spectrum::kGaussian), 16, 64,
+                              DType::kF32, 0, "little");
+  std::vector<double> out(1);
+  ASSERT_TRUE(small->ComputePR({little.view}, {}, absl::MakeSpan(out)).ok());
+}
+
+TEST_F(CudaEngineTest, ConcurrentCallsAgreeWithSerial) {
+  std::vector<std::vector<Stored>> suites;
+  std::vector<std::vector<double>> serial;
+  const char* names[] = {"fused", "algebraic", "fused", "power_iter", "fused", "sketch"};
+  for (int t = 0; t < 6; ++t) {
+    suites.push_back(Suite(rng_, t % 2 ? DType::kBF16 : DType::kF32,
+                           {{128, 4096}, {300, 40}, {64, 1000}}));
+    std::vector<double> out(suites.back().size());
+    VariantSpec v;
+    v.name = names[t];
+    ASSERT_TRUE(engine_->ComputePR(Views(suites.back()), v, absl::MakeSpan(out)).ok());
+    serial.push_back(out);
+  }
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<std::vector<double>> got(6);
+    std::vector<absl::Status> st(6);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 6; ++t) {
+      threads.emplace_back([&, t] {
+        got[t] = Poisoned(suites[t].size());
+        VariantSpec v;
+        v.name = names[t];
+        st[t] = engine_->ComputePR(Views(suites[t]), v, absl::MakeSpan(got[t]));
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (int t = 0; t < 6; ++t) {
+      ASSERT_TRUE(st[t].ok()) << st[t];
+      EXPECT_EQ(std::memcmp(got[t].data(), serial[t].data(), got[t].size() * 8), 0)
+          << "thread " << t << " (" << names[t] << ")";
+    }
+  }
+}
+
+// The estimators draw the CPU engine's probes for the same seed, so the two
+// backends agree far closer than the estimators' own spread.
+TEST_F(CudaEngineTest, EstimatorsAgreeWithCpuEngine) {
+  std::unique_ptr<Engine> cpu = NewCpuEngine(2);
+  const std::vector<Stored> suite = Suite(rng_, DType::kF32, {{128, 1024}, {300, 40}});
+  struct Case {
+    const char* name;
+    int probes, rank;
+    bool hpp;
+  };
+  for (const Case& c : {Case{"power_iter", 50, 0, false}, Case{"power_iter", 60, 0, true},
+                        Case{"sketch", 0, 16, false}, Case{"sketch", 0, 1, false}}) {
+    VariantSpec v;
+    v.name = c.name;
+    v.probes = c.probes > 0 ? c.probes : 64;
+    v.sketch_rank = c.rank > 0 ? c.rank : 64;
+    v.hutch_plus_plus = c.hpp;
+    v.seed = 1234;
+    std::vector<double> g = Poisoned(suite.size()), h(suite.size());
+    ASSERT_TRUE(engine_->ComputePR(Views(suite), v, absl::MakeSpan(g)).ok()) << c.name;
+    ASSERT_TRUE(cpu->ComputePR(Views(suite), v, absl::MakeSpan(h)).ok()) << c.name;
+    for (size_t i = 0; i < suite.size(); ++i) {
+      EXPECT_NEAR(g[i], h[i], 1e-3 * std::fabs(h[i]))
+          << c.name << (c.hpp ? "++" : "") << " " << suite[i].label;
+    }
+  }
+}
+
+TEST_F(CudaEngineTest, EstimatorsAreRoughlyRight) {
+  const std::vector<Stored> suite = Suite(rng_, DType::kBF16, {{128, 2048}});
+  const std::vector<double> ref = Oracle(suite);
+  VariantSpec v;
+  v.name = "power_iter";
+  v.probes = 200;
+  v.hutch_plus_plus = true;
+  std::vector<double> out = Poisoned(suite.size());
+  ASSERT_TRUE(engine_->ComputePR(Views(suite), v, absl::MakeSpan(out)).ok());
+  for (size_t i = 0; i < suite.size(); ++i) {
+    EXPECT_NEAR(out[i], ref[i], 0.2 * ref[i]) << suite[i].label;
+  }
+}
+
+TEST_F(CudaEngineTest, UnknownVariantIsUnimplemented) {
+  const Stored z = Store(std::vector<double>(8, 1.0), 2, 4, DType::kF32, 0, "x");
+  std::vector<double> out(1);
+  VariantSpec v;
+  v.name = "bogus";
+  absl::Status s = engine_->ComputePR({z.view}, v, absl::MakeSpan(out));
+  EXPECT_TRUE(absl::IsUnimplemented(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("cuda"));
+}
+
+// The checker must fail on a wrong kernel: the mutant reads one wrong index.
+TEST_F(CudaEngineTest, CheckerCatchesMutantKernel) {
+  const std::vector<Stored> suite =
+      Suite(rng_, DType::kBF16, {{128, 4096}, {300, 40}, {257, 3001}});
+  const std::vector<double> ref = Oracle(suite);
+  engine_->UseFusedMutantForTest(true);
+  std::vector<double> out = Poisoned(suite.size());
+  absl::Status s = engine_->ComputePR(Views(suite), {}, absl::MakeSpan(out));
+  engine_->UseFusedMutantForTest(false);
+  ASSERT_TRUE(s.ok()) << s;
+  const CheckResult r = CheckPR(out, ref, kExactPrTolerance);
+  EXPECT_GT(r.mismatches, static_cast<int64_t>(suite.size() / 2))
+      << "the checker did not catch the mutant";
+  // And the real kernel passes the same check on the same data.
+  out = Poisoned(suite.size());
+  ASSERT_TRUE(engine_->ComputePR(Views(suite), {}, absl::MakeSpan(out)).ok());
+  Check(out, ref, suite, "fused after mutant");
+}
+
+}  // namespace
+}  // namespace rvd::cuda

@@ -1,0 +1,25 @@
+// Test build only: a deliberately wrong fused kernel (the B operand of every
+// warp tile is read from the row block instead of the column block: one
+// wrong index). cuda_engine_test runs the same checker against it and
+// expects mismatches, proving that the checker can fail.
+#include "kernels/cuda/fused_kernel.cuh"
+
+namespace rvd::cuda {
+namespace {
+
+cudaError_t LaunchFusedMutant(DType dtype, const MatrixDesc* mats,
+                              const FusedJob* jobs, int num_jobs,
+                              bool any_offdiagonal, double* g2, double* trace,
+                              float* maxabs, cudaStream_t stream) {
+  if (dtype != DType::kBF16) return cudaErrorNotSupported;  // one instance
+  return fused::LaunchFusedT<__nv_bfloat16, true>(
+      mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, stream);
+}
+
+const bool kRegistered = [] {
+  g_fused_mutant_launcher = &LaunchFusedMutant;
+  return true;
+}();
+
+}  // namespace
+}  // namespace rvd::cuda

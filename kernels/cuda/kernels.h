@@ -1,0 +1,85 @@
+// Launchers of the CUDA engine's own kernels (private to kernels/cuda/).
+// Host code calls these; the kernels themselves live in kernels.cu and
+// fused_kernel.cuh. Each launcher checks its own constraints and returns the
+// launch error; none synchronizes.
+#ifndef RVD_KERNELS_CUDA_KERNELS_H_
+#define RVD_KERNELS_CUDA_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/launch_policy.h"
+#include "kernels/engine.h"
+
+namespace rvd::cuda {
+
+// A matrix as the kernels see it (device pointer).
+struct MatrixDesc {
+  const void* data;  // element (i, j) at data + (i * ld + j) * esize
+  int64_t ld;
+  int32_t rows, cols;
+  int32_t n;        // the Gram's side, min(rows, cols)
+  int32_t k;        // the long side, max(rows, cols)
+  int32_t tall;     // rows > cols: G = W^T W
+  int32_t aligned;  // data and ld * esize are multiples of 16 bytes
+};
+
+MatrixDesc MakeDesc(const MatrixView& device_view);
+
+// Per-matrix status written by the finalize kernel.
+enum MatrixStatus : int32_t {
+  kStatusOk = 0,
+  kStatusNonFinite = 1,  // NaN or Inf in the matrix
+  kStatusUntrusted = 2,  // magnitudes where f32 Gram entries over/underflow
+};
+
+// The fused kernel: one block per job; writes per job the weighted sum of
+// squares of its Gram tile (g2), ||rows||^2 for diagonal jobs (trace, 0
+// otherwise) and the largest |w| seen (maxabs). All jobs of one launch have
+// matrices of `dtype`. `mutant` selects a deliberately wrong instantiation
+// (tests only; returns an error unless fused_mutant.cu is linked).
+cudaError_t LaunchFused(DType dtype, const MatrixDesc* mats,
+                        const FusedJob* jobs, int num_jobs,
+                        bool any_offdiagonal, double* g2, double* trace,
+                        float* maxabs, cudaStream_t stream);
+
+// Test hook: the mutant launcher, set by fused_mutant.cu's static initializer
+// in the test binary; nullptr in the product.
+using FusedLauncher = cudaError_t (*)(DType, const MatrixDesc*,
+                                      const FusedJob*, int, bool, double*,
+                                      double*, float*, cudaStream_t);
+extern FusedLauncher g_fused_mutant_launcher;
+
+// Per matrix m: sums its jobs [job_begin[m], job_begin[m+1]) in job order,
+// in float64, and writes pr[m] and status[m].
+cudaError_t LaunchFinalize(const MatrixDesc* mats, const int32_t* job_begin,
+                           int num_matrices, const double* g2,
+                           const double* trace, const float* maxabs,
+                           double* pr, int32_t* status, cudaStream_t stream);
+
+// One block per matrix: trace[m] = ||W_m||_F^2 (float64), maxabs[m].
+cudaError_t LaunchStats(DType dtype, const MatrixDesc* mats, int num_matrices,
+                        double* trace, float* maxabs, cudaStream_t stream);
+
+// Sums of squares of `count` f32 matrices, each rows x cols, column-major
+// with leading dimension ld, matrix i at base + i * stride, in float64:
+//   kAll: every entry; kSymUpper: entries with row <= col, weight 2 above
+//   the diagonal (||G||_F^2 of a symmetric G); kStrictUpper: row < col.
+enum class SumMode { kAll, kSymUpper, kStrictUpper };
+cudaError_t LaunchSumSquares(const float* base, int64_t stride, int count,
+                             int rows, int cols, int64_t ld, SumMode mode,
+                             double* out, cudaStream_t stream);
+
+// Converts a matrix to a dense f32 copy, row-major rows x cols.
+cudaError_t LaunchToF32(DType dtype, const MatrixDesc& m, float* dst,
+                        cudaStream_t stream);
+
+// Converts a matrix to float64, column-major with at least as many rows as
+// columns (W^T when rows <= cols, else W): the layout gesvd takes.
+cudaError_t LaunchToF64ForSvd(DType dtype, const MatrixDesc& m, double* dst,
+                              cudaStream_t stream);
+
+}  // namespace rvd::cuda
+
+#endif  // RVD_KERNELS_CUDA_KERNELS_H_

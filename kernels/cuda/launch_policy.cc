@@ -1,0 +1,85 @@
+#include "kernels/cuda/launch_policy.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace rvd::cuda {
+
+std::string KernelVersion(int sm_major, int sm_minor) {
+  return absl::StrCat("cuda-fused-v1/sm", sm_major, sm_minor, "/",
+                      kFusedPolicySm90.name);
+}
+
+int64_t GramSide(int64_t rows, int64_t cols) { return std::min(rows, cols); }
+
+void EnumerateFusedJobs(absl::Span<const int64_t> sides, int block_tile,
+                        std::vector<FusedJob>* jobs,
+                        std::vector<int32_t>* job_begin) {
+  jobs->clear();
+  job_begin->clear();
+  for (size_t m = 0; m < sides.size(); ++m) {
+    job_begin->push_back(static_cast<int32_t>(jobs->size()));
+    const int64_t t = (sides[m] + block_tile - 1) / block_tile;
+    for (int64_t i = 0; i < t; ++i) {
+      for (int64_t j = i; j < t; ++j) {
+        jobs->push_back(FusedJob{static_cast<int32_t>(m),
+                                 static_cast<int32_t>(i),
+                                 static_cast<int32_t>(j), i == j ? 1 : 0});
+      }
+    }
+  }
+  job_begin->push_back(static_cast<int32_t>(jobs->size()));
+}
+
+std::vector<WarpTile> WarpTiles(int tiles_per_side, bool diagonal) {
+  std::vector<WarpTile> out;
+  for (int i = 0; i < tiles_per_side; ++i) {
+    for (int j = diagonal ? i : 0; j < tiles_per_side; ++j) {
+      out.push_back(WarpTile{i, j, (diagonal && i == j) ? 1 : 2});
+    }
+  }
+  return out;
+}
+
+std::vector<ShapeGroup> GroupByShape(absl::Span<const MatrixView> batch) {
+  std::vector<ShapeGroup> groups;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const ShapeKey key{batch[i].rows, batch[i].cols, batch[i].ld,
+                       batch[i].dtype};
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const ShapeGroup& g) { return g.key == key; });
+    if (it == groups.end()) {
+      groups.push_back(ShapeGroup{key, {}});
+      it = groups.end() - 1;
+    }
+    it->members.push_back(i);
+  }
+  return groups;
+}
+
+std::vector<size_t> ChunkByBytes(absl::Span<const uint64_t> sizes,
+                                 uint64_t budget) {
+  std::vector<size_t> bounds = {0};
+  uint64_t acc = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (i > bounds.back() && acc + sizes[i] > budget) {
+      bounds.push_back(i);
+      acc = 0;
+    }
+    acc += sizes[i];
+  }
+  if (bounds.back() != sizes.size()) bounds.push_back(sizes.size());
+  return bounds;
+}
+
+uint64_t PackedBytes(const MatrixView& v, int64_t* ld_out) {
+  const int64_t es = static_cast<int64_t>(DTypeSize(v.dtype));
+  const int64_t per16 = 16 / es;
+  const int64_t ld = (v.cols + per16 - 1) / per16 * per16;
+  if (ld_out != nullptr) *ld_out = ld;
+  const uint64_t bytes = static_cast<uint64_t>(v.rows * ld * es);
+  return (bytes + 255) / 256 * 256;
+}
+
+}  // namespace rvd::cuda

@@ -1,0 +1,112 @@
+// Host-side planning for the CUDA engine (private to kernels/cuda/): the
+// fused kernel's LaunchPolicy as data, the enumeration of its jobs (upper-
+// triangle tiles of each Gram), grouping a batch by shape for the cuBLAS
+// variants, and chunking a batch by bytes. Pure C++ with no CUDA types, so
+// it is tested on machines without a GPU (launch_policy_test.cc, label unit).
+//
+// Thread-safe: pure functions and constants.
+#ifndef RVD_KERNELS_CUDA_LAUNCH_POLICY_H_
+#define RVD_KERNELS_CUDA_LAUNCH_POLICY_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "kernels/engine.h"
+
+namespace rvd::cuda {
+
+// The fused kernel's knobs, CUB style: data, not code. The kernel in
+// fused_kernel.cuh is written for these values (static_asserts there);
+// a policy is chosen per launch by SelectFusedPolicy.
+struct LaunchPolicy {
+  const char* name;      // appears in Version() and the per-variant counts
+  int block_tile;        // Gram rows (and columns) per block tile
+  int warps;             // warps per block
+  int warp_tile;         // Gram rows (and columns) per warp tile
+  int k_slice_bytes;     // bytes of each W row per pipeline stage
+  int stages;            // cp.async pipeline depth (K-slices in flight)
+  int f32_split;         // f32 inputs: products per MMA step (3 = 3xTF32)
+};
+
+// sm_90 (H200), the only tuned target. Values and where they came from:
+//   block_tile 128: one block per 128 x 4096 matrix (the seed's shape) reads
+//     W once; 4 x 4 warp tiles of 32, of which the upper 10 are computed on
+//     a diagonal block tile (62.5% of the full Gram's MMAs).
+//   warps 8: two warp tiles per warp on off-diagonal tiles (16 / 8), 64 f32
+//     accumulator registers per thread; 2 blocks per SM by shared memory.
+//   k_slice_bytes 128: one 128-byte line per W row per stage (32 f32 or 64
+//     bf16/f16 elements), 16 KB per operand tile, loaded as 16-byte cp.async.
+//   stages 3: 2 slices (32 KB per diagonal block) in flight while one is
+//     computed; 4.14 TB/s x ~1 us latency / 132 SMs ~ 31 KB per SM needed.
+//   f32_split 3: 3xTF32 (hi*hi + hi*lo + lo*hi); plain TF32 loses ~4e-5 of
+//     PR (GPU.md, torch TF32 row), the split keeps ~22 mantissa bits.
+// First-version values from the arithmetic above; not yet tuned by
+// measurement (see the benchmark's table for what they achieve).
+inline constexpr LaunchPolicy kFusedPolicySm90{"fused-v1-bt128w8s3", 128, 8, 32,
+                                               128, 3, 3};
+
+// The kernel version string, e.g. "cuda-fused-v1/sm90".
+std::string KernelVersion(int sm_major, int sm_minor);
+
+// One block of the fused kernel: the tile (ti, tj), ti <= tj, of matrix m's
+// Gram, in units of block_tile.
+struct FusedJob {
+  int32_t matrix;
+  int32_t ti;
+  int32_t tj;
+  int32_t diagonal;  // ti == tj: also reduces ||W||_F^2 over its rows
+};
+
+// The Gram's side for a rows x cols matrix: min(rows, cols).
+int64_t GramSide(int64_t rows, int64_t cols);
+
+// Jobs for each matrix in order, tiles of each matrix in row-major order of
+// the upper triangle; job_begin has grams.size() + 1 entries and matrix i's
+// jobs are [job_begin[i], job_begin[i+1]). `sides` holds each Gram's side.
+void EnumerateFusedJobs(absl::Span<const int64_t> sides, int block_tile,
+                        std::vector<FusedJob>* jobs,
+                        std::vector<int32_t>* job_begin);
+
+// The warp tiles a block computes: on a diagonal block tile only the upper
+// triangle (weight 1 on the diagonal warp tiles, 2 above it); on an
+// off-diagonal one all of them, weight 2. Entries are (wi, wj, weight).
+struct WarpTile {
+  int wi, wj, weight;
+};
+std::vector<WarpTile> WarpTiles(int tiles_per_side, bool diagonal);
+
+// Sum over warp tiles of weight * (tile area) must equal the Gram's area:
+// a self-check the unit test runs for the tilings above.
+
+// Indices of a batch grouped by (rows, cols, ld, dtype), groups in order of
+// first appearance, members in batch order.
+struct ShapeKey {
+  int64_t rows, cols, ld;
+  DType dtype;
+  bool operator==(const ShapeKey& o) const {
+    return rows == o.rows && cols == o.cols && ld == o.ld && dtype == o.dtype;
+  }
+};
+struct ShapeGroup {
+  ShapeKey key;
+  std::vector<size_t> members;
+};
+std::vector<ShapeGroup> GroupByShape(absl::Span<const MatrixView> batch);
+
+// Cuts [0, sizes.size()) into consecutive chunks whose byte sums stay within
+// `budget`; a single item larger than the budget gets a chunk of its own.
+// Returns the chunk boundaries (first = 0, last = sizes.size()).
+std::vector<size_t> ChunkByBytes(absl::Span<const uint64_t> sizes,
+                                 uint64_t budget);
+
+// Bytes of a matrix packed for the device: rows padded to a multiple of 16
+// bytes (so the fused kernel's 16-byte loads apply), the whole rounded up to
+// 256 bytes. *ld_out receives the packed leading dimension in elements.
+uint64_t PackedBytes(const MatrixView& v, int64_t* ld_out);
+
+}  // namespace rvd::cuda
+
+#endif  // RVD_KERNELS_CUDA_LAUNCH_POLICY_H_

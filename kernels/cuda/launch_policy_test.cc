@@ -1,0 +1,119 @@
+// Host-side planning of the CUDA engine (no GPU needed): the fused kernel's
+// job enumeration and warp tiling must cover each Gram exactly once with the
+// right weights; grouping and chunking must keep every matrix.
+#include "kernels/cuda/launch_policy.h"
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace rvd::cuda {
+namespace {
+
+TEST(LaunchPolicy, JobsCoverUpperTriangleOnce) {
+  const std::vector<int64_t> sides = {1, 128, 129, 1024, 300};
+  std::vector<FusedJob> jobs;
+  std::vector<int32_t> begin;
+  EnumerateFusedJobs(sides, 128, &jobs, &begin);
+  ASSERT_EQ(begin.size(), sides.size() + 1);
+  const std::vector<int> expect = {1, 1, 3, 36, 6};
+  for (size_t m = 0; m < sides.size(); ++m) {
+    EXPECT_EQ(begin[m + 1] - begin[m], expect[m]) << "matrix " << m;
+    std::set<std::pair<int, int>> seen;
+    for (int j = begin[m]; j < begin[m + 1]; ++j) {
+      EXPECT_EQ(jobs[j].matrix, static_cast<int32_t>(m));
+      EXPECT_LE(jobs[j].ti, jobs[j].tj);
+      EXPECT_EQ(jobs[j].diagonal, jobs[j].ti == jobs[j].tj ? 1 : 0);
+      EXPECT_TRUE(seen.insert({jobs[j].ti, jobs[j].tj}).second);
+    }
+  }
+  EXPECT_EQ(begin.back(), static_cast<int32_t>(jobs.size()));
+}
+
+// Every entry (r, c) of an n x n Gram must be counted exactly once by
+// sum over jobs, over the job's warp tiles, of weight * [entry in tile],
+// where a weight-2 tile stands for itself and its mirror.
+TEST(LaunchPolicy, WarpTilesWeightEveryGramEntryOnce) {
+  const LaunchPolicy& p = kFusedPolicySm90;
+  const int per_side = p.block_tile / p.warp_tile;
+  for (int64_t n : {1, 31, 32, 100, 128, 200, 384}) {
+    std::vector<FusedJob> jobs;
+    std::vector<int32_t> begin;
+    const int64_t sides[] = {n};
+    EnumerateFusedJobs(sides, p.block_tile, &jobs, &begin);
+    std::map<std::pair<int64_t, int64_t>, int> count;
+    for (const FusedJob& j : jobs) {
+      for (const WarpTile& w : WarpTiles(per_side, j.diagonal != 0)) {
+        const int64_t r0 = j.ti * p.block_tile + w.wi * p.warp_tile;
+        const int64_t c0 = j.tj * p.block_tile + w.wj * p.warp_tile;
+        for (int64_t r = r0; r < r0 + p.warp_tile && r < n; ++r) {
+          for (int64_t c = c0; c < c0 + p.warp_tile && c < n; ++c) {
+            count[{r, c}] += 1;
+            if (w.weight == 2) count[{c, r}] += 1;
+          }
+        }
+      }
+    }
+    ASSERT_EQ(static_cast<int64_t>(count.size()), n * n) << "n=" << n;
+    for (const auto& [rc, k] : count) {
+      ASSERT_EQ(k, 1) << "n=" << n << " entry " << rc.first << "," << rc.second;
+    }
+  }
+}
+
+TEST(LaunchPolicy, WarpTilesFitTheWarps) {
+  const LaunchPolicy& p = kFusedPolicySm90;
+  const int per_side = p.block_tile / p.warp_tile;
+  // The kernel holds at most ceil(16 / warps) tiles per warp.
+  const int max_per_warp = (per_side * per_side + p.warps - 1) / p.warps;
+  EXPECT_LE(static_cast<int>(WarpTiles(per_side, false).size()),
+            max_per_warp * p.warps);
+  EXPECT_EQ(WarpTiles(per_side, true).size(), 10u);
+}
+
+TEST(LaunchPolicy, GroupByShapeKeepsOrder) {
+  float x[4];
+  std::vector<MatrixView> b = {
+      {x, 2, 3, 3, DType::kF32}, {x, 2, 3, 4, DType::kF32},
+      {x, 2, 3, 3, DType::kF32}, {x, 2, 3, 3, DType::kBF16},
+      {x, 2, 3, 3, DType::kF32}};
+  const std::vector<ShapeGroup> g = GroupByShape(b);
+  ASSERT_EQ(g.size(), 3u);
+  EXPECT_EQ(g[0].members, (std::vector<size_t>{0, 2, 4}));
+  EXPECT_EQ(g[1].members, (std::vector<size_t>{1}));
+  EXPECT_EQ(g[2].members, (std::vector<size_t>{3}));
+}
+
+TEST(LaunchPolicy, ChunkByBytes) {
+  EXPECT_EQ(ChunkByBytes(std::vector<uint64_t>{}, 10), (std::vector<size_t>{0}));
+  EXPECT_EQ(ChunkByBytes(std::vector<uint64_t>{4, 4, 4, 4}, 8),
+            (std::vector<size_t>{0, 2, 4}));
+  // An item over the budget gets a chunk of its own.
+  EXPECT_EQ(ChunkByBytes(std::vector<uint64_t>{1, 20, 1, 1}, 8),
+            (std::vector<size_t>{0, 1, 2, 4}));
+  EXPECT_EQ(ChunkByBytes(std::vector<uint64_t>{3, 3, 3}, 100),
+            (std::vector<size_t>{0, 3}));
+}
+
+TEST(LaunchPolicy, PackedRowsAre16ByteAligned) {
+  int64_t ld = 0;
+  EXPECT_EQ(PackedBytes({nullptr, 2, 4097, 4097, DType::kBF16}, &ld), 16640u);
+  EXPECT_EQ(ld, 4104);
+  EXPECT_EQ(PackedBytes({nullptr, 1, 1, 1, DType::kF32}, &ld), 256u);
+  EXPECT_EQ(ld, 4);
+  EXPECT_EQ(PackedBytes({nullptr, 128, 4096, 4096, DType::kF32}, &ld),
+            128u * 4096 * 4);
+  EXPECT_EQ(ld, 4096);
+}
+
+TEST(LaunchPolicy, VersionNamesTheKernel) {
+  const std::string v = KernelVersion(9, 0);
+  EXPECT_NE(v.find("cuda-fused-v1/sm90"), std::string::npos) << v;
+}
+
+}  // namespace
+}  // namespace rvd::cuda
