@@ -3,6 +3,7 @@
 // this file (the daemon's layers speak absl::Status only).
 #include "server/config.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -23,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "kernels/engine.h"
 #include "yaml-cpp/yaml.h"
 
 namespace rvd {
@@ -143,6 +145,9 @@ const KeyReader kKeys[] = {
     {"per_head_metrics", &Config::per_head_metrics},
     {"rv_alert_threshold", &Config::rv_alert_threshold},
     {"default_variant", &Config::default_variant},
+    {"cuda_device", &Config::cuda_device},
+    {"cuda_streams", &Config::cuda_streams},
+    {"cuda_max_device_bytes", &Config::cuda_max_device_bytes},
 };
 
 const KeyReader* FindKey(const std::string& name) {
@@ -315,6 +320,22 @@ absl::Status ValidateConfig(const Config& config) {
   }
   if (config.compute_workers < 1) {
     errors.push_back("config key 'compute_workers': must be >= 1");
+  }
+  if (config.cuda_device < 0) {
+    errors.push_back("config key 'cuda_device': must be >= 0");
+  }
+  if (config.cuda_streams < 1) {
+    errors.push_back("config key 'cuda_streams': must be >= 1");
+  }
+  if (config.cuda_max_device_bytes < (64ull << 20)) {
+    errors.push_back("config key 'cuda_max_device_bytes': must be >= 64 MiB");
+  }
+  if (!config.default_variant.empty() &&
+      std::find(KnownVariants().begin(), KnownVariants().end(),
+                config.default_variant) == KnownVariants().end()) {
+    errors.push_back(absl::StrCat("config key 'default_variant': \"",
+                                  config.default_variant, "\" is not one of ",
+                                  absl::StrJoin(KnownVariants(), ", ")));
   }
   if (config.max_inflight_requests < 1) {
     errors.push_back("config key 'max_inflight_requests': must be >= 1");

@@ -24,6 +24,9 @@ struct Config {
   bool per_head_metrics = false;  // export rvd_participation_ratio_head
   double rv_alert_threshold = 0.0;  // rvd_rv_below_threshold when rv < this
   std::string default_variant;      // empty: the backend's default
+  int cuda_device = 0;              // CUDA device ordinal
+  int cuda_streams = 4;             // CUDA stream pool size
+  uint64_t cuda_max_device_bytes = 4ull << 30;  // device memory rvd may hold
 };
 
 // Parses YAML text. Unknown keys and ill-typed values are INVALID_ARGUMENT

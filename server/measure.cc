@@ -144,7 +144,8 @@ void DefaultLayerSets(const std::vector<uint32_t>& sorted_layers,
 
 absl::StatusOr<Measurement> ComputeMeasurement(
     Engine& engine, const MeasureHeader& header,
-    absl::Span<const std::string_view> data) {
+    absl::Span<const std::string_view> data,
+    const std::string& default_variant) {
   const int n = header.tensors_size();
   if (static_cast<int>(data.size()) != n) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -181,8 +182,9 @@ absl::StatusOr<Measurement> ComputeMeasurement(
   }
 
   VariantSpec variant;
-  variant.name = header.variant().name().empty() ? engine.DefaultVariant()
-                                                 : header.variant().name();
+  variant.name = header.variant().name();
+  if (variant.name.empty()) variant.name = default_variant;
+  if (variant.name.empty()) variant.name = engine.DefaultVariant();
   if (header.variant().probes() > 0) variant.probes = header.variant().probes();
   if (header.variant().sketch_rank() > 0) {
     variant.sketch_rank = header.variant().sketch_rank();

@@ -40,11 +40,13 @@ void DefaultLayerSets(const std::vector<uint32_t>& sorted_layers,
                       std::vector<uint32_t>* early, std::vector<uint32_t>* late);
 
 // Computes the measurement. `data[i]` holds the bytes of header.tensors[i];
-// the header must have passed ValidateHeader. Sets everything but the
-// timestamp's meaning of "stored": the caller stores it.
+// the header must have passed ValidateHeader. A request that names no
+// variant gets `default_variant`, or the engine's default when that is
+// empty. The caller stores the result.
 absl::StatusOr<rvd::v1::Measurement> ComputeMeasurement(
     Engine& engine, const rvd::v1::MeasureHeader& header,
-    absl::Span<const std::string_view> data);
+    absl::Span<const std::string_view> data,
+    const std::string& default_variant = "");
 
 }  // namespace rvd
 

@@ -135,6 +135,18 @@ TEST_F(MeasureTest, NaNIsRejectedNamingTheTensor) {
   EXPECT_THAT(m.status().message(), HasSubstr("layers.3.self_attn"));
 }
 
+TEST_F(MeasureTest, ConfiguredDefaultVariantServesRequestsThatNameNone) {
+  header_.mutable_variant()->set_seed(3);
+  absl::StatusOr<rvd::v1::Measurement> m =
+      ComputeMeasurement(*engine_, header_, Views(), "sketch");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->variant(), "sketch");
+  header_.mutable_variant()->set_name("naive");
+  m = ComputeMeasurement(*engine_, header_, Views(), "sketch");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->variant(), "naive");
+}
+
 TEST_F(MeasureTest, FusedIsUnimplementedOnCpu) {
   header_.mutable_variant()->set_name("fused");
   ASSERT_TRUE(ValidateHeader(header_, 1 << 30).ok());

@@ -36,7 +36,8 @@ class ServerImpl final : public Server {
                                 engine_->Backend(), engine_->Version()}),
         service_(*engine_, pool_, history_, metrics_,
                  ServiceLimits{config.max_request_bytes,
-                               config.max_inflight_requests}) {}
+                               config.max_inflight_requests,
+                               config.default_variant}) {}
 
   ~ServerImpl() override { Shutdown(); }
 
@@ -99,7 +100,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Config& config) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   std::string why;
   absl::StatusOr<std::unique_ptr<Engine>> engine =
-      CreateEngine(config.backend, config.engine_threads, CudaEngineOptions{}, &why);
+      CreateEngine(
+          config.backend, config.engine_threads,
+          CudaEngineOptions{config.cuda_device, config.cuda_streams,
+                            config.cuda_max_device_bytes},
+          &why);
   if (!engine.ok()) return engine.status();
   spdlog::info("{}; engine {}, default variant {}", why, (*engine)->Version(),
                (*engine)->DefaultVariant());

@@ -71,7 +71,7 @@ absl::Status RvdService::Run(const MeasureHeader& header,
                              const std::vector<std::string_view>& data,
                              Measurement* response) {
   absl::StatusOr<Measurement> m;
-  pool_.Run([&] { m = ComputeMeasurement(engine_, header, data); });
+  pool_.Run([&] { m = ComputeMeasurement(engine_, header, data, limits_.default_variant); });
   if (!m.ok()) return m.status();
   if (absl::Status s = history_.Add(*m); !s.ok()) return s;
   metrics_.RecordMeasurement(*m);

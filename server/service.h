@@ -20,6 +20,7 @@ namespace rvd {
 struct ServiceLimits {
   uint64_t max_request_bytes = 4ull << 30;  // tensor bytes per request
   uint32_t max_inflight_requests = 16;      // measurements at once
+  std::string default_variant;              // empty: the engine's default
 };
 
 class RvdService final : public rvd::v1::Rvd::Service {
