@@ -11,7 +11,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from conftest import (RVCTL, Daemon, grpc, pr_oracle, rvd_pb2, spectrum_matrix,
+from rvdtest import (RVCTL, RVD, Daemon, grpc, pr_oracle, rvd_pb2, spectrum_matrix,
                       to_bf16, write_llama, write_safetensors)
 import reflection_pb2
 import reflection_pb2_grpc
@@ -368,7 +368,7 @@ def test_sigterm_finishes_in_flight_work_and_exits_zero(tmp_path):
 def test_bad_config_fails_to_start_with_a_message(tmp_path):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("grpc_adress: 127.0.0.1:1\n")
-    from conftest import RVD
+    from rvdtest import RVD
     r = subprocess.run([str(RVD), "--config", str(cfg)], capture_output=True, text=True,
                        timeout=20)
     assert r.returncode != 0 and "grpc_adress" in r.stderr
