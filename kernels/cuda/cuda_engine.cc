@@ -77,7 +77,7 @@ struct Context {
 
   absl::Status EnsureDevice(DeviceBuffer& b, uint64_t bytes) {
     if (b.size >= bytes) return absl::OkStatus();
-    const uint64_t want = (bytes + (1u << 20) - 1) / (1u << 20) * (1u << 20);
+    const uint64_t want = (bytes + (1u << 16) - 1) / (1u << 16) * (1u << 16);
     RVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     if (b.ptr != nullptr) {
       RVD_CUDA_RETURN_IF_ERROR(cudaFree(b.ptr));
@@ -290,7 +290,7 @@ class Runner {
   uint64_t Budget() const {
     const uint64_t per = engine_->options_.max_device_bytes /
                          std::max(1, engine_->options_.streams);
-    return std::max<uint64_t>(per / 2, 1u << 20);
+    return std::max<uint64_t>(per / 2, 1u << 16);
   }
 
   // Queues (or, for the estimators and naive, runs) the variant on `views`
@@ -351,7 +351,7 @@ class Runner {
       case Kind::kFused:
         return absl::StrCat("fused/", use_mutant_ ? "MUTANT-" : "",
                             kFusedPolicySm90.name);
-      case Kind::kAlgebraic: return "algebraic/cublas-gemm-batched-32f";
+      case Kind::kAlgebraic: return "algebraic/cublas-gemm-batched-32f-splitk128";
       case Kind::kNaive: return "naive/cusolver-dgesvd";
       case Kind::kPowerIter:
         return spec_.hutch_plus_plus ? "power_iter/cublas-hutch++"
@@ -458,9 +458,17 @@ class Runner {
     return absl::OkStatus();
   }
 
-  // Algebraic: per shape group, cuBLAS Gram into a workspace in sub-batches
-  // that fit the budget, our float64 sum of squares of its upper triangle;
-  // float64 ||W||^2 and max |w| from the stats kernel; the same finalize.
+  // Algebraic: per shape group, the cuBLAS Gram (compute 32F, no TF32) in
+  // split-K parts of kKChunk into a workspace, in sub-batches that fit the
+  // budget; our kernel sums the parts per entry in float64 and reduces the
+  // upper triangle; float64 ||W||^2 and max |w| from the stats kernel; the
+  // same finalize as fused. Why split-K: the tensor cores' f32 accumulation
+  // truncates, and one GEMM over K = 4096 was off by 1e-5 of PR for bf16
+  // inputs (H200 run 1); parts of 128 keep each accumulation short (256 still left 2.9e-6 on
+  // rank-1 f16 inputs, run 2), as the
+  // CPU engine's float64 sum over 1024-column chunks does.
+  static constexpr int64_t kKChunk = 128;
+
   absl::Status EnqueueAlgebraic(Context& ctx) {
     const auto& views = ctx.device_views;
     const size_t m = views.size();
@@ -474,27 +482,44 @@ class Runner {
     }
     jb[m] = static_cast<int32_t>(m);
     const std::vector<ShapeGroup> groups = GroupByShape(views);
-    // Largest Gram sub-batch: bounded by the budget, at least one matrix.
+    struct Plan {
+      bool tall;
+      int n, k, ld, chunks, last_k;
+      uint64_t per_matrix;  // workspace bytes: chunks x n x n f32
+      size_t fit;           // matrices per sub-batch
+    };
+    std::vector<Plan> plans;
     uint64_t gram_bytes = 0;
+    size_t num_ptrs = 0;
     for (const ShapeGroup& g : groups) {
-      const uint64_t n = GramSide(g.key.rows, g.key.cols);
-      const uint64_t per = n * n * sizeof(float);
-      const uint64_t fit = std::max<uint64_t>(1, Budget() / per);
-      gram_bytes = std::max(gram_bytes, per * std::min<uint64_t>(fit, g.members.size()));
+      Plan p;
+      p.tall = g.key.rows > g.key.cols;
+      p.n = static_cast<int>(GramSide(g.key.rows, g.key.cols));
+      p.k = static_cast<int>(p.tall ? g.key.rows : g.key.cols);
+      p.ld = static_cast<int>(g.key.ld);
+      p.chunks = static_cast<int>((p.k + kKChunk - 1) / kKChunk);
+      p.last_k = p.k - (p.chunks - 1) * static_cast<int>(kKChunk);
+      p.per_matrix = uint64_t(p.chunks) * p.n * p.n * sizeof(float);
+      p.fit = static_cast<size_t>(std::max<uint64_t>(1, Budget() / p.per_matrix));
+      p.fit = std::min(p.fit, g.members.size());
+      gram_bytes = std::max(gram_bytes, p.per_matrix * p.fit);
+      num_ptrs += g.members.size() * p.chunks;
+      plans.push_back(p);
     }
     Layout up;
     const uint64_t o_desc = up.Add(m * sizeof(MatrixDesc));
     const uint64_t o_jb = up.Add((m + 1) * sizeof(int32_t));
-    const uint64_t o_ptrs = up.Add(m * sizeof(void*));  // A pointers, by group
+    const uint64_t o_aptrs = up.Add(num_ptrs * sizeof(void*));
+    const uint64_t o_cptrs = up.Add(num_ptrs * sizeof(void*));
+    const uint64_t up_bytes = up.size();
     Layout work = up;
-    const uint64_t o_cptrs = work.Add(m * sizeof(void*));
     const uint64_t o_g2 = work.Add(m * sizeof(double));
     const uint64_t o_tr = work.Add(m * sizeof(double));
     const uint64_t o_mx = work.Add(m * sizeof(float));
     const uint64_t o_pr = work.Add(m * sizeof(double));
     const uint64_t o_st = work.Add(m * sizeof(int32_t));
     const uint64_t o_gram = work.Add(gram_bytes);
-    absl::Status s = ctx.EnsurePinned(ctx.up, work.size() - gram_bytes);
+    absl::Status s = ctx.EnsurePinned(ctx.up, up_bytes);
     if (s.ok()) s = ctx.EnsurePinned(ctx.down, m * (sizeof(double) + sizeof(int32_t)));
     if (s.ok()) s = ctx.Cublas();
     if (s.ok()) s = ctx.EnsureDevice(ctx.work, work.size());
@@ -503,27 +528,50 @@ class Runner {
     float* gram = At<float>(w, o_gram);
     std::memcpy(At<void>(ctx.up.ptr, o_desc), descs.data(), m * sizeof(MatrixDesc));
     std::memcpy(At<void>(ctx.up.ptr, o_jb), jb.data(), (m + 1) * sizeof(int32_t));
-    // A pointers in group order, and the C pointers (the same for every
-    // group: sub-batch slot j at gram + j * n * n) right after them.
-    const void** aptrs = At<const void*>(ctx.up.ptr, o_ptrs);
+    // Pointers per sub-batch: the full-K parts of all its members, then the
+    // last parts (a different k): two batched GEMMs per sub-batch.
+    const void** aptrs = At<const void*>(ctx.up.ptr, o_aptrs);
     void** cptrs = At<void*>(ctx.up.ptr, o_cptrs);
+    struct Call {
+      size_t plan, first_ptr, count;
+      int k;
+      size_t b0, b1;  // members of the group
+      size_t group;
+    };
+    std::vector<Call> calls;
     size_t slot = 0;
-    std::vector<size_t> group_slot;
-    for (const ShapeGroup& g : groups) {
-      group_slot.push_back(slot);
-      const int64_t n = GramSide(g.key.rows, g.key.cols);
-      const uint64_t fit = std::max<uint64_t>(1, Budget() / (n * n * sizeof(float)));
-      for (size_t j = 0; j < g.members.size(); ++j) {
-        aptrs[slot] = views[g.members[j]].data;
-        cptrs[slot] = gram + static_cast<int64_t>(j % fit) * n * n;
-        ++slot;
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      const ShapeGroup& g = groups[gi];
+      const Plan& p = plans[gi];
+      const size_t es = DTypeSize(g.key.dtype);
+      for (size_t b0 = 0; b0 < g.members.size(); b0 += p.fit) {
+        const size_t b1 = std::min(g.members.size(), b0 + p.fit);
+        for (int pass = 0; pass < 2; ++pass) {
+          const size_t first = slot;
+          for (size_t j = b0; j < b1; ++j) {
+            const auto* base = static_cast<const unsigned char*>(views[g.members[j]].data);
+            const int c_lo = pass == 0 ? 0 : p.chunks - 1;
+            const int c_hi = pass == 0 ? p.chunks - 1 : p.chunks;
+            for (int c = c_lo; c < c_hi; ++c) {
+              // Part c: W columns (wide) or rows (tall) [c*kKChunk, +kc).
+              const int64_t off = p.tall ? c * kKChunk * p.ld : c * kKChunk;
+              aptrs[slot] = base + off * es;
+              cptrs[slot] = gram + (int64_t((j - b0)) * p.chunks + c) * p.n * p.n;
+              ++slot;
+            }
+          }
+          if (slot > first) {
+            calls.push_back(Call{gi, first, slot - first,
+                                 pass == 0 ? static_cast<int>(kKChunk) : p.last_k,
+                                 b0, b1, gi});
+          }
+        }
       }
     }
-    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(w, ctx.up.ptr, o_cptrs + m * sizeof(void*),
+    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(w, ctx.up.ptr, up_bytes,
                                              cudaMemcpyHostToDevice, ctx.stream));
     const auto* d_desc = At<MatrixDesc>(w, o_desc);
     double* d_g2 = At<double>(w, o_g2);
-    // Stats per dtype run (the stats kernel takes one dtype per launch).
     for (size_t i = 0; i < m;) {
       size_t e = i;
       while (e < m && views[e].dtype == views[i].dtype) ++e;
@@ -534,42 +582,40 @@ class Runner {
       i = e;
     }
     const float one = 1.0f, zero = 0.0f;
-    for (size_t gi = 0; gi < groups.size(); ++gi) {
-      const ShapeGroup& g = groups[gi];
-      const bool tall = g.key.rows > g.key.cols;
-      const int n = static_cast<int>(GramSide(g.key.rows, g.key.cols));
-      const int k = static_cast<int>(tall ? g.key.rows : g.key.cols);
-      const int ld = static_cast<int>(g.key.ld);
+    for (size_t ci = 0; ci < calls.size(); ++ci) {
+      const Call& call = calls[ci];
+      const Plan& p = plans[call.plan];
+      const ShapeGroup& g = groups[call.group];
       const cudaDataType t = CudaType(g.key.dtype);
-      const uint64_t fit = std::max<uint64_t>(1, Budget() / (uint64_t(n) * n * sizeof(float)));
-      for (size_t b0 = 0; b0 < g.members.size(); b0 += fit) {
-        const size_t b1 = std::min<size_t>(g.members.size(), b0 + fit);
-        const size_t first_slot = group_slot[gi] + b0;
-        const auto* d_a = At<const void*>(w, o_ptrs) + first_slot;
-        auto* d_c = At<void*>(w, o_cptrs) + first_slot;
-        // Column-major X = W^T (cols x rows, ld): wide G = X^T X, tall X X^T.
-        RVD_CUDA_RETURN_IF_ERROR(cublasGemmBatchedEx(
-            ctx.cublas, tall ? CUBLAS_OP_N : CUBLAS_OP_T,
-            tall ? CUBLAS_OP_T : CUBLAS_OP_N, n, n, k, &one, d_a, t, ld, d_a, t,
-            ld, &zero, d_c, CUDA_R_32F, n, static_cast<int>(b1 - b0),
-            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        // Results for members b0..b1 go to their batch slots; the kernel
-        // writes consecutively, so reduce one matrix at a time when the
-        // members are not consecutive in the batch.
-        bool consecutive = true;
-        for (size_t j = b0 + 1; j < b1; ++j) {
-          consecutive &= g.members[j] == g.members[j - 1] + 1;
-        }
-        if (consecutive) {
+      const auto* d_a = At<const void*>(w, o_aptrs) + call.first_ptr;
+      auto* d_c = At<void*>(w, o_cptrs) + call.first_ptr;
+      // Column-major X = W^T (cols x rows, ld): wide G = X^T X, tall X X^T.
+      RVD_CUDA_RETURN_IF_ERROR(cublasGemmBatchedEx(
+          ctx.cublas, p.tall ? CUBLAS_OP_N : CUBLAS_OP_T,
+          p.tall ? CUBLAS_OP_T : CUBLAS_OP_N, p.n, p.n, call.k, &one, d_a, t,
+          p.ld, d_a, t, p.ld, &zero, d_c, CUDA_R_32F, p.n,
+          static_cast<int>(call.count), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      // After the sub-batch's last GEMM, reduce its members (one launch
+      // when they are consecutive in the batch).
+      const bool last_of_batch = ci + 1 == calls.size() ||
+                                 calls[ci + 1].b0 != call.b0 ||
+                                 calls[ci + 1].group != call.group;
+      if (!last_of_batch) continue;
+      const int64_t nn = int64_t{p.n} * p.n;
+      bool consecutive = true;
+      for (size_t j = call.b0 + 1; j < call.b1; ++j) {
+        consecutive &= g.members[j] == g.members[j - 1] + 1;
+      }
+      if (consecutive) {
+        RVD_CUDA_RETURN_IF_ERROR(LaunchSumSquares(
+            gram, p.chunks * nn, p.chunks, nn, static_cast<int>(call.b1 - call.b0),
+            p.n, p.n, p.n, SumMode::kSymUpper, d_g2 + g.members[call.b0], ctx.stream));
+      } else {
+        for (size_t j = call.b0; j < call.b1; ++j) {
           RVD_CUDA_RETURN_IF_ERROR(LaunchSumSquares(
-              gram, int64_t{n} * n, static_cast<int>(b1 - b0), n, n, n,
-              SumMode::kSymUpper, d_g2 + g.members[b0], ctx.stream));
-        } else {
-          for (size_t j = b0; j < b1; ++j) {
-            RVD_CUDA_RETURN_IF_ERROR(LaunchSumSquares(
-                gram + static_cast<int64_t>(j - b0) * n * n, 0, 1, n, n, n,
-                SumMode::kSymUpper, d_g2 + g.members[j], ctx.stream));
-          }
+              gram + static_cast<int64_t>(j - call.b0) * p.chunks * nn, 0, p.chunks,
+              nn, 1, p.n, p.n, p.n, SumMode::kSymUpper, d_g2 + g.members[j],
+              ctx.stream));
         }
       }
     }
@@ -768,8 +814,8 @@ class Runner {
 
   absl::StatusOr<double> DeviceSum(Context& ctx, const float* a, int rows,
                                    int cols, SumMode mode, double* sum) {
-    RVD_CUDA_RETURN_IF_ERROR(LaunchSumSquares(a, 0, 1, rows, cols, rows, mode,
-                                              sum, ctx.stream));
+    RVD_CUDA_RETURN_IF_ERROR(LaunchSumSquares(a, 0, 1, 0, 1, rows, cols, rows,
+                                              mode, sum, ctx.stream));
     double h = 0;
     RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&h, sum, sizeof(double),
                                              cudaMemcpyDeviceToHost, ctx.stream));
@@ -885,8 +931,13 @@ CudaEngine::CudaEngine(const CudaEngineOptions& options) : options_(options) {}
 
 CudaEngine::~CudaEngine() {
   cudaSetDevice(options_.device);
-  absl::MutexLock lock(&mu_);
-  for (auto& c : contexts_) c->Destroy();
+  std::vector<std::unique_ptr<Context>> contexts;
+  {
+    absl::MutexLock lock(&mu_);
+    contexts.swap(contexts_);
+    free_.clear();
+  }
+  for (auto& c : contexts) c->Destroy();  // takes mu_ to uncharge
 }
 
 absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(
@@ -1094,6 +1145,38 @@ absl::Status CudaEngine::ComputePR(absl::Span<const MatrixView> batch,
   return status;
 }
 
+namespace {
+
+// Copies views that are not 16-byte aligned (base or row pitch) into
+// ctx.input with padded rows, device to device, and points them there.
+absl::Status RepackUnaligned(Context& ctx, std::vector<MatrixView>& views) {
+  std::vector<uint64_t> offset(views.size(), UINT64_MAX);
+  std::vector<int64_t> lds(views.size());
+  uint64_t total = 0;
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (MakeDesc(views[i]).aligned) continue;
+    offset[i] = total;
+    total += PackedBytes(views[i], &lds[i]);
+  }
+  if (total == 0) return absl::OkStatus();
+  absl::Status s = ctx.EnsureDevice(ctx.input, total);
+  if (!s.ok()) return s;
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (offset[i] == UINT64_MAX) continue;
+    MatrixView& v = views[i];
+    const size_t es = DTypeSize(v.dtype);
+    void* dst = At<unsigned char>(ctx.input.ptr, offset[i]);
+    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dst, lds[i] * es, v.data, v.ld * es,
+                                               v.cols * es, v.rows,
+                                               cudaMemcpyDeviceToDevice, ctx.stream));
+    v.data = dst;
+    v.ld = lds[i];
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status CudaEngine::ComputePRDevice(
     absl::Span<const MatrixView> device_batch, const VariantSpec& variant,
     absl::Span<double> out, cudaStream_t stream) {
@@ -1130,7 +1213,14 @@ absl::Status CudaEngine::ComputePRDevice(
                         "cudaStreamWaitEvent", __FILE__, __LINE__);
     }
     cudaEventDestroy(ready);
-    if (status.ok()) status = runner.Enqueue(*ctx, device_batch, 0);
+    // cuBLAS's batched GEMMs misread views whose base or rows are not
+    // 16-byte aligned (run 2: 4% off for bf16 at a 2-byte offset): the
+    // algebraic variant gets aligned device copies of those.
+    std::vector<MatrixView> views(device_batch.begin(), device_batch.end());
+    if (status.ok() && *kind == Kind::kAlgebraic) {
+      status = RepackUnaligned(*ctx, views);
+    }
+    if (status.ok()) status = runner.Enqueue(*ctx, views, 0);
     if (status.ok()) status = runner.Collect(*ctx, {}, out);
   }
   if (status.ok()) Count(runner.CountKey(), static_cast<int64_t>(device_batch.size()));

@@ -40,7 +40,7 @@ class CudaEngine : public Engine {
   ~CudaEngine() override;
 
   std::string Backend() const override { return "cuda"; }
-  // e.g. "cuda-fused-v1/sm90/fused-v1-bt128w8s3".
+  // e.g. "cuda-fused-v1/sm90/fused-v1-bt128w8s4".
   std::string Version() const override { return version_; }
   std::string DefaultVariant() const override { return "fused"; }
 
@@ -60,7 +60,7 @@ class CudaEngine : public Engine {
                                absl::Span<double> out, cudaStream_t stream);
 
   // How many matrices each (variant, kernel version) has served, e.g.
-  // {"fused/fused-v1-bt128w8s3": 480}. Proves which code path ran.
+  // {"fused/fused-v1-bt128w8s4": 480}. Proves which code path ran.
   std::map<std::string, int64_t> ServedCounts() const;
 
   // Device bytes rvd holds now (buffers in the pools).

@@ -144,7 +144,8 @@ __global__ void StatsKernel(DType dtype, const MatrixDesc* mats, double* trace,
   }
 }
 
-__global__ void SumSquaresKernel(const float* base, int64_t stride, int rows,
+__global__ void SumSquaresKernel(const float* base, int64_t stride,
+                                 int chunks, int64_t chunk_stride, int rows,
                                  int cols, int64_t ld, SumMode mode,
                                  double* out) {
   const float* a = base + blockIdx.x * stride;
@@ -155,7 +156,8 @@ __global__ void SumSquaresKernel(const float* base, int64_t stride, int rows,
       if (mode == SumMode::kSymUpper) w = r < c ? 2.0 : (r == c ? 1.0 : 0.0);
       if (mode == SumMode::kStrictUpper) w = r < c ? 1.0 : 0.0;
       if (w == 0.0) continue;
-      const double x = a[r + c * ld];
+      double x = 0.0;
+      for (int ch = 0; ch < chunks; ++ch) x += a[ch * chunk_stride + r + c * ld];
       s += w * x * x;
     }
   }
@@ -211,12 +213,13 @@ cudaError_t LaunchStats(DType dtype, const MatrixDesc* mats, int num_matrices,
   return cudaGetLastError();
 }
 
-cudaError_t LaunchSumSquares(const float* base, int64_t stride, int count,
-                             int rows, int cols, int64_t ld, SumMode mode,
-                             double* out, cudaStream_t stream) {
+cudaError_t LaunchSumSquares(const float* base, int64_t stride, int chunks,
+                             int64_t chunk_stride, int count, int rows,
+                             int cols, int64_t ld, SumMode mode, double* out,
+                             cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
-  SumSquaresKernel<<<count, kReduceThreads, 0, stream>>>(base, stride, rows,
-                                                         cols, ld, mode, out);
+  SumSquaresKernel<<<count, kReduceThreads, 0, stream>>>(
+      base, stride, chunks, chunk_stride, rows, cols, ld, mode, out);
   return cudaGetLastError();
 }
 

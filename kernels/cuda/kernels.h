@@ -63,13 +63,16 @@ cudaError_t LaunchStats(DType dtype, const MatrixDesc* mats, int num_matrices,
                         double* trace, float* maxabs, cudaStream_t stream);
 
 // Sums of squares of `count` f32 matrices, each rows x cols, column-major
-// with leading dimension ld, matrix i at base + i * stride, in float64:
+// with leading dimension ld, matrix i at base + i * stride, in float64. Each
+// matrix is the sum of `chunks` parts (part c at + c * chunk_stride; split-K
+// Grams), summed per entry in float64 before squaring:
 //   kAll: every entry; kSymUpper: entries with row <= col, weight 2 above
 //   the diagonal (||G||_F^2 of a symmetric G); kStrictUpper: row < col.
 enum class SumMode { kAll, kSymUpper, kStrictUpper };
-cudaError_t LaunchSumSquares(const float* base, int64_t stride, int count,
-                             int rows, int cols, int64_t ld, SumMode mode,
-                             double* out, cudaStream_t stream);
+cudaError_t LaunchSumSquares(const float* base, int64_t stride, int chunks,
+                             int64_t chunk_stride, int count, int rows,
+                             int cols, int64_t ld, SumMode mode, double* out,
+                             cudaStream_t stream);
 
 // Converts a matrix to a dense f32 copy, row-major rows x cols.
 cudaError_t LaunchToF32(DType dtype, const MatrixDesc& m, float* dst,
