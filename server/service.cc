@@ -1,5 +1,7 @@
 #include "server/service.h"
 
+#include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -38,6 +40,9 @@ class InflightSlot {
   bool acquired_;
 };
 
+// Receive buffers kept mapped between requests.
+constexpr uint64_t kMaxIdleBufferBytes = 1ull << 30;
+
 absl::Status Busy(uint32_t limit) {
   return absl::ResourceExhaustedError(absl::StrCat(
       "rvd is computing ", limit,
@@ -52,7 +57,8 @@ RvdService::RvdService(Engine& engine, ComputePool& pool, History& history,
       pool_(pool),
       history_(history),
       metrics_(metrics),
-      limits_(limits) {}
+      limits_(limits),
+      buffers_(std::min<uint64_t>(limits.max_request_bytes, kMaxIdleBufferBytes)) {}
 
 void RvdService::StopWatches() {
   stopping_ = true;
@@ -118,15 +124,15 @@ grpc::Status RvdService::MeasureStream(
       ValidateHeader(header, limits_.max_request_bytes);
   if (!total.ok()) return Finish(total.status());
 
-  // Buffers are sized from the validated header, so a stream can never
-  // make rvd hold more than max_request_bytes.
-  std::vector<std::string> buffers(header.tensors_size());
-  std::vector<uint64_t> expected(header.tensors_size());
-  for (int i = 0; i < header.tensors_size(); ++i) {
-    expected[i] = *TensorByteSize(header.tensors(i));
-    buffers[i].reserve(expected[i]);
+  // One buffer for all tensors, sized from the validated header, so a
+  // stream can never make rvd hold more than max_request_bytes.
+  const int n = header.tensors_size();
+  std::vector<uint64_t> begin(n + 1, 0);  // tensor i is [begin[i], begin[i+1])
+  for (int i = 0; i < n; ++i) {
+    begin[i + 1] = begin[i] + *TensorByteSize(header.tensors(i));
   }
-  int current = 0;  // tensor being received
+  BufferPool::Buffer buffer = buffers_.Get(begin[n]);
+  uint64_t received = 0;  // bytes so far, tensor after tensor
   while (reader->Read(&chunk)) {
     if (chunk.has_header()) {
       return Finish(absl::InvalidArgumentError("header sent twice"));
@@ -135,41 +141,46 @@ grpc::Status RvdService::MeasureStream(
       return Finish(absl::InvalidArgumentError(absl::StrCat(
           "chunk of ", chunk.data().size(), " bytes exceeds ", kMaxChunkBytes)));
     }
-    while (current < header.tensors_size() &&
-           buffers[current].size() == expected[current]) {
-      ++current;
-    }
-    if (current == header.tensors_size()) {
+    if (received == begin[n]) {
       return Finish(absl::InvalidArgumentError(
           "stream carries more bytes than the header's tensors"));
     }
+    const int current = std::upper_bound(begin.begin(), begin.end(), received) -
+                        begin.begin() - 1;
     const std::string& name = header.tensors(current).name();
+    const uint64_t offset = received - begin[current];
     if (chunk.tensor_index() != static_cast<uint32_t>(current) ||
-        chunk.offset() != buffers[current].size()) {
+        chunk.offset() != offset) {
       return Finish(absl::InvalidArgumentError(absl::StrCat(
           "out-of-order chunk: expected tensor ", current, " ('", name,
-          "') at offset ", buffers[current].size(), ", got tensor ",
-          chunk.tensor_index(), " at offset ", chunk.offset())));
+          "') at offset ", offset, ", got tensor ", chunk.tensor_index(),
+          " at offset ", chunk.offset())));
     }
-    if (buffers[current].size() + chunk.data().size() > expected[current]) {
+    if (received + chunk.data().size() > begin[current + 1]) {
       return Finish(absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", name, "': chunk overruns its ", expected[current],
-          " bytes")));
+          "tensor '", name, "': chunk overruns its ",
+          begin[current + 1] - begin[current], " bytes")));
     }
-    buffers[current].append(chunk.data());
+    std::memcpy(buffer.data() + received, chunk.data().data(),
+                chunk.data().size());
+    received += chunk.data().size();
   }
   if (context->IsCancelled()) {
     return Finish(absl::CancelledError("client cancelled the stream"));
   }
-  for (int i = 0; i < header.tensors_size(); ++i) {
-    if (buffers[i].size() != expected[i]) {
-      return Finish(absl::InvalidArgumentError(absl::StrCat(
-          "stream ended early: tensor '", header.tensors(i).name(), "' has ",
-          buffers[i].size(), " of ", expected[i], " bytes")));
-    }
+  if (received != begin[n]) {
+    const int current = std::upper_bound(begin.begin(), begin.end(), received) -
+                        begin.begin() - 1;
+    return Finish(absl::InvalidArgumentError(absl::StrCat(
+        "stream ended early: tensor '", header.tensors(current).name(),
+        "' has ", received - begin[current], " of ",
+        begin[current + 1] - begin[current], " bytes")));
   }
   metrics_.AddIngestedBytes(*total);
-  std::vector<std::string_view> data(buffers.begin(), buffers.end());
+  std::vector<std::string_view> data;
+  for (int i = 0; i < n; ++i) {
+    data.emplace_back(buffer.data() + begin[i], begin[i + 1] - begin[i]);
+  }
   return Finish(Run(header, data, response));
 }
 

@@ -11,6 +11,7 @@
 
 #include "kernels/engine.h"
 #include "rvd/v1/rvd.grpc.pb.h"
+#include "server/buffer_pool.h"
 #include "server/compute_pool.h"
 #include "server/history.h"
 #include "server/metrics.h"
@@ -64,6 +65,7 @@ class RvdService final : public rvd::v1::Rvd::Service {
   History& history_;
   Metrics& metrics_;
   const ServiceLimits limits_;
+  BufferPool buffers_;                    // receive buffers of streams
   std::atomic<int64_t> inflight_{0};      // measurements being received or computed
   std::atomic<bool> stopping_{false};     // set by StopWatches
 };
