@@ -23,6 +23,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/cpp/model_loader.h"
 #include "client/cpp/rvd_client.h"
@@ -121,6 +122,7 @@ json ToJson(const Measurement& m) {
       {"backend", m.backend()},
       {"engine_version", m.engine_version()},
       {"elapsed_ms", m.elapsed_ms()},
+      {"receive_ms", m.receive_ms()},
       {"timestamp", Timestamp(m)},
       {"warnings", std::vector<std::string>(m.warnings().begin(),
                                             m.warnings().end())},
@@ -203,8 +205,10 @@ int Measure(rvd::RvdClient& client, const std::string& path) {
   options.num_heads = absl::GetFlag(FLAGS_num_heads);
   options.num_kv_heads = absl::GetFlag(FLAGS_num_kv_heads);
   options.head_dim = absl::GetFlag(FLAGS_head_dim);
+  const absl::Time load_start = absl::Now();
   absl::StatusOr<rvd::LoadedModel> model = rvd::LoadModel(path, *table, options);
   if (!model.ok()) return Fail(model.status());
+  const absl::Duration load_time = absl::Now() - load_start;
 
   rvd::v1::MeasureHeader header;
   header.set_model_id(model_id);
@@ -220,13 +224,24 @@ int Measure(rvd::RvdClient& client, const std::string& path) {
     *header.add_tensors() = std::move(spec);
   }
   absl::StatusOr<Measurement> m;
+  const absl::Time send_start = absl::Now();
   {
     ProgressBar bar;
     m = client.Measure(header, *model,
                        [&bar](uint64_t sent, uint64_t total) { bar.Update(sent, total); });
   }
   if (!m.ok()) return Fail(m.status());
-  PrintMeasurement(*m);
+  if (absl::GetFlag(FLAGS_json)) {
+    // Where the time went, seen from the client: mapping and checking the
+    // checkpoint, then sending it and waiting for the answer.
+    json out = ToJson(*m);
+    out["client_load_ms"] = absl::ToDoubleMilliseconds(load_time);
+    out["client_round_trip_ms"] =
+        absl::ToDoubleMilliseconds(absl::Now() - send_start);
+    std::cout << out.dump() << std::endl;
+  } else {
+    PrintText(*m);
+  }
   return 0;
 }
 

@@ -79,14 +79,15 @@ absl::Status RvdService::Run(const MeasureHeader& header,
   absl::StatusOr<Measurement> m;
   pool_.Run([&] { m = ComputeMeasurement(engine_, header, data, limits_.default_variant); });
   if (!m.ok()) return m.status();
+  m->set_receive_ms(response->receive_ms());
   if (absl::Status s = history_.Add(*m); !s.ok()) return s;
   metrics_.RecordMeasurement(*m);
   spdlog::info(
       "measured model={} step={} rv={} layers={} variant={} backend={} "
-      "engine={} elapsed_ms={:.3f}",
+      "engine={} receive_ms={:.3f} elapsed_ms={:.3f}",
       m->model_id(), m->step(), m->has_rv() ? absl::StrCat(m->rv()) : "absent",
       m->layers_size(), m->variant(), m->backend(), m->engine_version(),
-      m->elapsed_ms());
+      m->receive_ms(), m->elapsed_ms());
   *response = *std::move(m);
   return absl::OkStatus();
 }
@@ -132,6 +133,7 @@ grpc::Status RvdService::MeasureStream(
     begin[i + 1] = begin[i] + *TensorByteSize(header.tensors(i));
   }
   BufferPool::Buffer buffer = buffers_.Get(begin[n]);
+  const absl::Time receive_start = absl::Now();
   uint64_t received = 0;  // bytes so far, tensor after tensor
   while (reader->Read(&chunk)) {
     if (chunk.has_header()) {
@@ -176,6 +178,8 @@ grpc::Status RvdService::MeasureStream(
         "' has ", received - begin[current], " of ",
         begin[current + 1] - begin[current], " bytes")));
   }
+  response->set_receive_ms(
+      absl::ToDoubleMilliseconds(absl::Now() - receive_start));
   metrics_.AddIngestedBytes(*total);
   std::vector<std::string_view> data;
   for (int i = 0; i < n; ++i) {

@@ -65,7 +65,8 @@ def test_rvctl_measure_matches_svd_oracle(daemon, tmp_path):
     assert out["model_id"] == "llama-tiny" and out["step"] == 10
     assert out["backend"] == "cpu" and out["variant"] == "algebraic"
     assert set(out) >= {"rv", "per_layer_pr", "per_head_pr", "early_layers",
-                        "late_layers", "elapsed_ms", "timestamp"}
+                        "late_layers", "elapsed_ms", "timestamp", "receive_ms",
+                        "client_load_ms", "client_round_trip_ms"}
     oracle = {l: pr_oracle(v) for l, v in vs.items()}
     for l, pr in out["per_layer_pr"].items():
         assert abs(pr - oracle[int(l)]) <= RTOL * oracle[int(l)]
@@ -193,6 +194,7 @@ def test_python_unary_and_stream_agree_with_oracle(daemon):
             assert abs(layer.pr - want) <= RTOL * want
             assert len(layer.head_pr) == 2
     assert unary.rv == pytest.approx(stream.rv, rel=1e-12)
+    assert unary.receive_ms == 0 and stream.receive_ms > 0
     assert model_count(daemon, "py") == 2
 
 
