@@ -10,6 +10,8 @@
 //
 //   build-kernels/bin/rvd_bench_cpu [--batch=64 --rows=128 --cols=4096
 //       --dtype=f32|f16|bf16 --reps=9 --threads=0 --variants=... --json=FILE]
+#include <cblas.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -22,11 +24,10 @@
 #include <thread>
 #include <vector>
 
-#include <cblas.h>
-
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
+#include "kernels/cpu_engine_stats.h"
 #include "kernels/dtype_convert.h"
 #include "kernels/engine.h"
 #include "kernels/pr_check.h"
@@ -63,7 +64,8 @@ struct Batch {
 void AddMatrix(Batch& b, std::mt19937_64& rng, int rows, int cols, DType dt) {
   const int n = std::min(rows, cols), len = std::max(rows, cols);
   std::normal_distribution<float> normal;
-  std::vector<float> u(static_cast<size_t>(n) * n), z(static_cast<size_t>(n) * len);
+  std::vector<float> u(static_cast<size_t>(n) * n),
+      z(static_cast<size_t>(n) * len);
   for (float& x : u) x = normal(rng);
   // Orthonormalize U's columns (modified Gram-Schmidt in double).
   for (int c = 0; c < n; ++c) {
@@ -87,12 +89,14 @@ void AddMatrix(Batch& b, std::mt19937_64& rng, int rows, int cols, DType dt) {
   std::vector<uint8_t> bytes(size_t(rows) * cols * es);
   for (int i = 0; i < rows; ++i) {
     for (int j = 0; j < cols; ++j) {
-      const float f = rows <= cols ? w[size_t(i) * cols + j] : w[size_t(j) * len + i];
+      const float f =
+          rows <= cols ? w[size_t(i) * cols + j] : w[size_t(j) * len + i];
       uint8_t* p = bytes.data() + (size_t(i) * cols + j) * es;
       if (dt == DType::kF32) {
         std::memcpy(p, &f, 4);
       } else {
-        const uint16_t h = dt == DType::kF16 ? FloatToHalf(f) : FloatToBFloat16(f);
+        const uint16_t h =
+            dt == DType::kF16 ? FloatToHalf(f) : FloatToBFloat16(f);
         std::memcpy(p, &h, 2);
       }
     }
@@ -130,14 +134,17 @@ int Main(int argc, char** argv) {
   std::unique_ptr<Engine> engine = NewCpuEngine(absl::GetFlag(FLAGS_threads));
   nlohmann::json report = {{"engine", engine->Version()},
                            {"backend", engine->Backend()},
-                           {"batch", nb}, {"rows", rows}, {"cols", cols},
-                           {"dtype", dts}, {"seed", seed}};
+                           {"batch", nb},
+                           {"rows", rows},
+                           {"cols", cols},
+                           {"dtype", dts},
+                           {"seed", seed}};
 
   // 1. Validate every variant against the oracle on fresh inputs: the bench
   // shape plus odd, tall and degenerate ones.
   Batch val;
-  const int shapes[][2] = {{rows, cols}, {rows, cols}, {37, 129}, {300, 40},
-                           {1, 512}, {512, 1}, {cols, rows}};
+  const int shapes[][2] = {{rows, cols}, {rows, cols}, {37, 129},   {300, 40},
+                           {1, 512},     {512, 1},     {cols, rows}};
   for (const auto& s : shapes) AddMatrix(val, rng, s[0], s[1], dt);
   std::vector<double> ref;
   for (const MatrixView& v : val.views) ref.push_back(*OraclePR(v));
@@ -149,9 +156,11 @@ int Main(int argc, char** argv) {
     spec.name = name;
     spec.seed = 1;
     std::vector<double> got(val.views.size());
-    const absl::Status s = engine->ComputePR(val.views, spec, absl::MakeSpan(got));
+    const absl::Status s =
+        engine->ComputePR(val.views, spec, absl::MakeSpan(got));
     if (absl::IsUnimplemented(s)) {
-      std::printf("  %-10s skipped: %s\n", name.c_str(), std::string(s.message()).c_str());
+      std::printf("  %-10s skipped: %s\n", name.c_str(),
+                  std::string(s.message()).c_str());
       report["validation"][name] = "unimplemented";
       continue;
     }
@@ -185,16 +194,18 @@ int Main(int argc, char** argv) {
   Batch bench;
   for (int i = 0; i < nb; ++i) AddMatrix(bench, rng, rows, cols, dt);
   const double n = std::min(rows, cols), len = std::max(rows, cols);
-  const double gram_flops = n * (n + 1) * len * nb;  // syrk: n(n+1)/2 dots of len
-  std::printf("\nbenchmark: %d x %dx%d %s (%.1f MB), power-law spectrum, "
-              "engine %s, %d threads max\n",
-              nb, rows, cols, dts.c_str(), bench.bytes / 1e6,
-              engine->Version().c_str(), absl::GetFlag(FLAGS_threads));
-  std::printf("  %-10s %10s %10s %12s %8s %9s %8s\n", "variant", "ms", "ms/matrix",
-              "spread ms", "GB/s", "GFLOP/s", "served");
+  const double gram_flops =
+      n * (n + 1) * len * nb;  // syrk: n(n+1)/2 dots of len
+  std::printf(
+      "\nbenchmark: %d x %dx%d %s (%.1f MB), power-law spectrum, "
+      "engine %s, %d threads max\n",
+      nb, rows, cols, dts.c_str(), bench.bytes / 1e6, engine->Version().c_str(),
+      absl::GetFlag(FLAGS_threads));
+  std::printf("  %-10s %10s %10s %12s %8s %9s %8s\n", "variant", "ms",
+              "ms/matrix", "spread ms", "GB/s", "GFLOP/s", "served");
   std::vector<double> out(nb);
-  const std::vector<std::string> timed = absl::StrSplit(
-      absl::GetFlag(FLAGS_variants), ',', absl::SkipEmpty());
+  const std::vector<std::string> timed =
+      absl::StrSplit(absl::GetFlag(FLAGS_variants), ',', absl::SkipEmpty());
   for (const std::string& name : timed) {
     VariantSpec spec;
     spec.name = name;
@@ -202,7 +213,8 @@ int Main(int argc, char** argv) {
     const int reps = name == "naive" ? absl::GetFlag(FLAGS_naive_reps)
                                      : absl::GetFlag(FLAGS_reps);
     std::vector<double> ts;
-    absl::Status s = engine->ComputePR(bench.views, spec, absl::MakeSpan(out));  // warm-up
+    absl::Status s =
+        engine->ComputePR(bench.views, spec, absl::MakeSpan(out));  // warm-up
     for (int r = 0; r < reps && s.ok(); ++r) {
       std::fill(out.begin(), out.end(), -1.0);  // poison
       const double t0 = NowMs();
@@ -218,12 +230,21 @@ int Main(int argc, char** argv) {
     }
     std::sort(ts.begin(), ts.end());
     const double med = ts[ts.size() / 2];
+    if (name == "algebraic") {
+      const CpuEngineCounters c = GetCpuEngineCounters();
+      std::printf(
+          "  (algebraic so far: %lld matrices on AVX-512 kernels, %lld on "
+          "OpenBLAS ssyrk, %lld float64 fallbacks)\n",
+          static_cast<long long>(c.avx512_grams),
+          static_cast<long long>(c.openblas_grams),
+          static_cast<long long>(c.float64_fallbacks));
+    }
     const bool exact_gram = name == "algebraic";
-    std::printf("  %-10s %10.2f %10.4f %5.2f-%-6.2f %8.2f %9s %s/%s\n",
-                name.c_str(), med, med / nb, ts.front(), ts.back(),
-                bench.bytes / med / 1e6,
-                exact_gram ? std::to_string(int(gram_flops / med / 1e6)).c_str() : "-",
-                engine->Version().c_str(), name.c_str());
+    std::printf(
+        "  %-10s %10.2f %10.4f %5.2f-%-6.2f %8.2f %9s %s/%s\n", name.c_str(),
+        med, med / nb, ts.front(), ts.back(), bench.bytes / med / 1e6,
+        exact_gram ? std::to_string(int(gram_flops / med / 1e6)).c_str() : "-",
+        engine->Version().c_str(), name.c_str());
     report["timings"][name] = {{"median_ms", med},
                                {"min_ms", ts.front()},
                                {"max_ms", ts.back()},
@@ -231,7 +252,8 @@ int Main(int argc, char** argv) {
                                {"gb_per_s", bench.bytes / med / 1e6},
                                {"reps", reps},
                                {"served_by", engine->Version() + "/" + name}};
-    if (exact_gram) report["timings"][name]["gflop_per_s"] = gram_flops / med / 1e6;
+    if (exact_gram)
+      report["timings"][name]["gflop_per_s"] = gram_flops / med / 1e6;
   }
   // 3. A-B against the numpy Gram path done in-process: per matrix,
   // G = W W^T with cblas_ssyrk mirrored to the full square (OpenBLAS
@@ -240,9 +262,10 @@ int Main(int argc, char** argv) {
   // inputs, interleaved ours-peer-ours-peer, so both see the same load.
   const int rounds = absl::GetFlag(FLAGS_ab_rounds);
   if (rounds > 0 && dt == DType::kF32) {
-    const int threads = absl::GetFlag(FLAGS_threads) > 0
-                            ? absl::GetFlag(FLAGS_threads)
-                            : static_cast<int>(std::thread::hardware_concurrency());
+    const int threads =
+        absl::GetFlag(FLAGS_threads) > 0
+            ? absl::GetFlag(FLAGS_threads)
+            : static_cast<int>(std::thread::hardware_concurrency());
     std::vector<float> g(static_cast<size_t>(n * n));
     std::vector<double> peer(nb);
     auto run_peer = [&] {
@@ -259,7 +282,8 @@ int Main(int argc, char** argv) {
         for (int r = 0; r < ni; ++r) {
           for (int c = r + 1; c < ni; ++c) g[c * ni + r] = g[r * ni + c];
         }
-        const double f2 = cblas_sdot(static_cast<int>(v.rows * v.cols), w, 1, w, 1);
+        const double f2 =
+            cblas_sdot(static_cast<int>(v.rows * v.cols), w, 1, w, 1);
         const double g2 = cblas_sdot(ni * ni, g.data(), 1, g.data(), 1);
         peer[i] = f2 * f2 / g2;
       }
@@ -284,22 +308,25 @@ int Main(int argc, char** argv) {
       ratios.push_back(b[2] / a[2]);
     }
     const CheckResult pc = CheckPR(peer, out, {0.0, 1e-4});
-    std::printf("\nA-B (%d rounds of 5 interleaved pairs, medians per round):\n",
-                rounds);
+    std::printf(
+        "\nA-B (%d rounds of 5 interleaved pairs, medians per round):\n",
+        rounds);
     for (int r = 0; r < rounds; ++r) {
-      std::printf("  round %d: ours %.2f ms (%.4f ms/matrix), ssyrk peer %.2f ms "
-                  "(%.4f ms/matrix), peer/ours %.2fx\n",
-                  r + 1, ours_ms[r], ours_ms[r] / nb, peer_ms[r],
-                  peer_ms[r] / nb, ratios[r]);
+      std::printf(
+          "  round %d: ours %.2f ms (%.4f ms/matrix), ssyrk peer %.2f ms "
+          "(%.4f ms/matrix), peer/ours %.2fx\n",
+          r + 1, ours_ms[r], ours_ms[r] / nb, peer_ms[r], peer_ms[r] / nb,
+          ratios[r]);
     }
     std::sort(ratios.begin(), ratios.end());
-    std::printf("  speedup over the numpy-equivalent ssyrk path: %.2fx - %.2fx "
-                "(peer PR vs ours max rel diff %.1e)\n",
-                ratios.front(), ratios.back(), pc.max_rel_error);
+    std::printf(
+        "  speedup over the numpy-equivalent ssyrk path: %.2fx - %.2fx "
+        "(peer PR vs ours max rel diff %.1e)\n",
+        ratios.front(), ratios.back(), pc.max_rel_error);
     report["ab_vs_numpy_equivalent_peer"] = {{"ours_ms", ours_ms},
-                                  {"peer_ms", peer_ms},
-                                  {"speedup_min", ratios.front()},
-                                  {"speedup_max", ratios.back()}};
+                                             {"peer_ms", peer_ms},
+                                             {"speedup_min", ratios.front()},
+                                             {"speedup_max", ratios.back()}};
   }
   const std::string json = absl::GetFlag(FLAGS_json);
   if (!json.empty()) std::ofstream(json) << report.dump(2) << "\n";

@@ -52,6 +52,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "kernels/cpu_engine_stats.h"
 #include "kernels/dtype_convert.h"
 #include "kernels/engine.h"
 
@@ -63,6 +64,11 @@ constexpr char kBackend[] = "cpu";
 constexpr char kVersionAvx512[] = "cpu-avx512-1";
 constexpr char kVersionOpenBlas[] = "cpu-openblas-1";
 constexpr char kDefaultVariant[] = "algebraic";
+
+// See cpu_engine_stats.h.
+std::atomic<int64_t> g_avx512_grams{0};
+std::atomic<int64_t> g_openblas_grams{0};
+std::atomic<int64_t> g_float64_fallbacks{0};
 
 // A matrix is split across threads only when its Gram costs at least this
 // many multiply-adds (n^2 * long / 2); below it the split's overhead wins.
@@ -225,8 +231,10 @@ __attribute__((target("avx512f"))) inline double ReduceToDouble(__m512 v) {
 
 // Adds the float64 squares of x[0..kv) (plus the masked tail) to *acc: the
 // exact diagonal, fused into the diagonal blocks so the data is read once.
-__attribute__((target("avx512f"))) inline void AddSquaresF64(
-    const float* x, int64_t kv, __mmask16 tail, double* acc) {
+__attribute__((target("avx512f"))) inline void AddSquaresF64(const float* x,
+                                                             int64_t kv,
+                                                             __mmask16 tail,
+                                                             double* acc) {
   __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
   for (int64_t kk = 0; kk < kv; kk += 16) {
     const __m512 v = _mm512_loadu_ps(x + kk);
@@ -266,40 +274,42 @@ __attribute__((target("avx512f"))) void GramWideAvx512(const float* a,
       }
       for (int64_t j = i; j < n; j += 4) {
         const float* y[4];
-        for (int r = 0; r < 4; ++r) y[r] = a + std::min(j + r, n - 1) * lda + k0;
+        for (int r = 0; r < 4; ++r)
+          y[r] = a + std::min(j + r, n - 1) * lda + k0;
         __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c03 = c00;
         __m512 c10 = c00, c11 = c00, c12 = c00, c13 = c00;
         __m512 c20 = c00, c21 = c00, c22 = c00, c23 = c00;
         __m512 c30 = c00, c31 = c00, c32 = c00, c33 = c00;
 // A lambda would not inherit the function's target attribute: a macro.
-#define RVD_GRAM_STEP(LOAD, OFF)                                  \
-  do {                                                            \
+#define RVD_GRAM_STEP(LOAD, OFF)                                   \
+  do {                                                             \
     const __m512 x0 = LOAD(x[0] + (OFF)), x1 = LOAD(x[1] + (OFF)); \
     const __m512 x2 = LOAD(x[2] + (OFF)), x3 = LOAD(x[3] + (OFF)); \
-    __m512 yy = LOAD(y[0] + (OFF));                               \
-    c00 = _mm512_fmadd_ps(x0, yy, c00);                           \
-    c10 = _mm512_fmadd_ps(x1, yy, c10);                           \
-    c20 = _mm512_fmadd_ps(x2, yy, c20);                           \
-    c30 = _mm512_fmadd_ps(x3, yy, c30);                           \
-    yy = LOAD(y[1] + (OFF));                                      \
-    c01 = _mm512_fmadd_ps(x0, yy, c01);                           \
-    c11 = _mm512_fmadd_ps(x1, yy, c11);                           \
-    c21 = _mm512_fmadd_ps(x2, yy, c21);                           \
-    c31 = _mm512_fmadd_ps(x3, yy, c31);                           \
-    yy = LOAD(y[2] + (OFF));                                      \
-    c02 = _mm512_fmadd_ps(x0, yy, c02);                           \
-    c12 = _mm512_fmadd_ps(x1, yy, c12);                           \
-    c22 = _mm512_fmadd_ps(x2, yy, c22);                           \
-    c32 = _mm512_fmadd_ps(x3, yy, c32);                           \
-    yy = LOAD(y[3] + (OFF));                                      \
-    c03 = _mm512_fmadd_ps(x0, yy, c03);                           \
-    c13 = _mm512_fmadd_ps(x1, yy, c13);                           \
-    c23 = _mm512_fmadd_ps(x2, yy, c23);                           \
-    c33 = _mm512_fmadd_ps(x3, yy, c33);                           \
+    __m512 yy = LOAD(y[0] + (OFF));                                \
+    c00 = _mm512_fmadd_ps(x0, yy, c00);                            \
+    c10 = _mm512_fmadd_ps(x1, yy, c10);                            \
+    c20 = _mm512_fmadd_ps(x2, yy, c20);                            \
+    c30 = _mm512_fmadd_ps(x3, yy, c30);                            \
+    yy = LOAD(y[1] + (OFF));                                       \
+    c01 = _mm512_fmadd_ps(x0, yy, c01);                            \
+    c11 = _mm512_fmadd_ps(x1, yy, c11);                            \
+    c21 = _mm512_fmadd_ps(x2, yy, c21);                            \
+    c31 = _mm512_fmadd_ps(x3, yy, c31);                            \
+    yy = LOAD(y[2] + (OFF));                                       \
+    c02 = _mm512_fmadd_ps(x0, yy, c02);                            \
+    c12 = _mm512_fmadd_ps(x1, yy, c12);                            \
+    c22 = _mm512_fmadd_ps(x2, yy, c22);                            \
+    c32 = _mm512_fmadd_ps(x3, yy, c32);                            \
+    yy = LOAD(y[3] + (OFF));                                       \
+    c03 = _mm512_fmadd_ps(x0, yy, c03);                            \
+    c13 = _mm512_fmadd_ps(x1, yy, c13);                            \
+    c23 = _mm512_fmadd_ps(x2, yy, c23);                            \
+    c33 = _mm512_fmadd_ps(x3, yy, c33);                            \
   } while (0)
 #define RVD_LOAD_FULL(p) _mm512_loadu_ps(p)
 #define RVD_LOAD_TAIL(p) _mm512_maskz_loadu_ps(tail, p)
-        for (int64_t kk = 0; kk < kv; kk += 16) RVD_GRAM_STEP(RVD_LOAD_FULL, kk);
+        for (int64_t kk = 0; kk < kv; kk += 16)
+          RVD_GRAM_STEP(RVD_LOAD_FULL, kk);
         if (tail) RVD_GRAM_STEP(RVD_LOAD_TAIL, kv);
 #undef RVD_LOAD_TAIL
 #undef RVD_LOAD_FULL
@@ -328,9 +338,8 @@ __attribute__((target("avx512f"))) void GramWideAvx512(const float* a,
 constexpr int64_t kRowChunk = 256;
 
 __attribute__((target("avx512f"))) void GramTallAvx512(const float* a,
-                                                       int64_t lda,
-                                                       int64_t len, int64_t n,
-                                                       double* g,
+                                                       int64_t lda, int64_t len,
+                                                       int64_t n, double* g,
                                                        double* diag) {
   for (int64_t r0 = 0; r0 < len; r0 += kRowChunk) {
     const int64_t r1 = std::min(len, r0 + kRowChunk);
@@ -468,6 +477,7 @@ absl::Status NonFiniteError(size_t index) {
 // (its diagonal disagrees with the float64 one), e.g. entries near 1e20 or
 // 1e-25. Slower (dsyrk on a converted copy) but exact to float64 rounding.
 double AlgebraicFloat64(const MatrixView& v) {
+  g_float64_fallbacks.fetch_add(1, std::memory_order_relaxed);
   const Shape s = ShapeOf(v);
   std::vector<double> a(static_cast<size_t>(v.rows * v.cols));
   std::vector<float> row(static_cast<size_t>(v.cols));
@@ -494,7 +504,8 @@ double AlgebraicFloat64(const MatrixView& v) {
     const double d = g[i * s.n + i];
     trace += d;
     g2 += d * d;
-    for (int64_t j = i + 1; j < s.n; ++j) off += g[i * s.n + j] * g[i * s.n + j];
+    for (int64_t j = i + 1; j < s.n; ++j)
+      off += g[i * s.n + j] * g[i * s.n + j];
   }
   g2 += 2 * off;
   return g2 > 0 ? trace * trace / g2 : 0.0;
@@ -555,6 +566,8 @@ absl::StatusOr<double> AlgebraicOne(const MatrixView& v, size_t index,
   const double* diags[1] = {diag};
   const double pr = FinishAlgebraic(s.n, grams, diags, &finite);
   if (!finite) return NonFiniteError(index);
+  (avx512 ? g_avx512_grams : g_openblas_grams)
+      .fetch_add(1, std::memory_order_relaxed);
   if (pr == kUntrusted) return AlgebraicFloat64(v);
   return pr;
 }
@@ -587,7 +600,8 @@ class Rng {
       const double u2 = static_cast<double>(Next() >> 11) * 0x1p-53;
       const double r = std::sqrt(-2.0 * std::log(u1));
       x[i] = static_cast<float>(r * std::cos(2.0 * M_PI * u2));
-      if (i + 1 < n) x[i + 1] = static_cast<float>(r * std::sin(2.0 * M_PI * u2));
+      if (i + 1 < n)
+        x[i + 1] = static_cast<float>(r * std::sin(2.0 * M_PI * u2));
     }
   }
 
@@ -717,8 +731,9 @@ absl::StatusOr<double> PowerIterOne(const MatrixView& v, const VariantSpec& sp,
 // the spectrum (rows of Y are r samples of N(0, W^T W), and 8 tr(G^4)/r is
 // the variance any estimator of tr(G^2) from r such samples has). For
 // s_i = i^-0.7 that is ~58% at r=16 and ~20% at r=128 (measured: 50%, 15%
-// mean absolute); for Gaussian W it is far smaller. For r = 1 there is no off-diagonal, and
-// (M_00^2 - tr(G)^2) / 2 is the unbiased (high-variance) fallback.
+// mean absolute); for Gaussian W it is far smaller. For r = 1 there is no
+// off-diagonal, and (M_00^2 - tr(G)^2) / 2 is the unbiased (high-variance)
+// fallback.
 absl::StatusOr<double> SketchOne(const MatrixView& v, const VariantSpec& sp,
                                  size_t index) {
   Scratch& sc = ThreadScratch();
@@ -847,10 +862,10 @@ class WorkerPool {
 
 absl::Status ValidateView(const MatrixView& v, size_t index) {
   if (v.data == nullptr || v.rows <= 0 || v.cols <= 0 || v.ld < v.cols) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "batch[", index, "]: bad matrix view (data ",
-        v.data == nullptr ? "null" : "set", ", rows ", v.rows, ", cols ",
-        v.cols, ", ld ", v.ld, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch[", index, "]: bad matrix view (data ",
+                     v.data == nullptr ? "null" : "set", ", rows ", v.rows,
+                     ", cols ", v.cols, ", ld ", v.ld, ")"));
   }
   // BLAS takes int dimensions.
   if (v.rows > INT32_MAX || v.cols > INT32_MAX || v.ld > INT32_MAX) {
@@ -875,9 +890,8 @@ class CpuEngine : public Engine {
                          const VariantSpec& variant,
                          absl::Span<double> out) override {
     if (out.size() != batch.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("out has ", out.size(), " slots for a batch of ",
-                       batch.size()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "out has ", out.size(), " slots for a batch of ", batch.size()));
     }
     // Poison the output: a slot nobody wrote reads as NaN.
     std::fill(out.begin(), out.end(), std::numeric_limits<double>::quiet_NaN());
@@ -953,7 +967,8 @@ class CpuEngine : public Engine {
 
  private:
   // A batch smaller than the pool: each large matrix is cut along its long
-  // side into one part per thread; the parts' float64 Grams are summed. Small matrices stay whole.
+  // side into one part per thread; the parts' float64 Grams are summed. Small
+  // matrices stay whole.
   absl::Status SplitAlgebraic(absl::Span<const MatrixView> batch,
                               absl::Span<double> out) {
     struct Part {
@@ -963,7 +978,8 @@ class CpuEngine : public Engine {
       std::vector<double> gram, diag;
     };
     std::vector<Part> parts;
-    std::vector<std::pair<size_t, size_t>> ranges(batch.size());  // [first, last)
+    std::vector<std::pair<size_t, size_t>> ranges(
+        batch.size());  // [first, last)
     const int threads = pool_.size();
     for (size_t i = 0; i < batch.size(); ++i) {
       const Shape s = ShapeOf(batch[i]);
@@ -971,7 +987,11 @@ class CpuEngine : public Engine {
       pieces = std::min<int64_t>(pieces, s.len);
       ranges[i].first = parts.size();
       for (int64_t p = 0; p < pieces; ++p) {
-        parts.push_back(Part{i, s.len * p / pieces, s.len * (p + 1) / pieces});
+        Part part;
+        part.matrix = i;
+        part.k0 = s.len * p / pieces;
+        part.k1 = s.len * (p + 1) / pieces;
+        parts.push_back(std::move(part));
       }
       ranges[i].second = parts.size();
     }
@@ -992,9 +1012,11 @@ class CpuEngine : public Engine {
         diags.push_back(parts[j].diag.data());
       }
       bool finite = true;
-      const double pr = FinishAlgebraic(ShapeOf(batch[i]).n, grams, diags,
-                                        &finite);
+      const double pr =
+          FinishAlgebraic(ShapeOf(batch[i]).n, grams, diags, &finite);
       if (!finite) return NonFiniteError(i);
+      (avx512_ ? g_avx512_grams : g_openblas_grams)
+          .fetch_add(1, std::memory_order_relaxed);
       out[i] = pr == kUntrusted ? AlgebraicFloat64(batch[i]) : pr;
     }
     return absl::OkStatus();
@@ -1006,9 +1028,18 @@ class CpuEngine : public Engine {
 
 }  // namespace
 
+CpuEngineCounters GetCpuEngineCounters() {
+  CpuEngineCounters c;
+  c.avx512_grams = g_avx512_grams.load(std::memory_order_relaxed);
+  c.openblas_grams = g_openblas_grams.load(std::memory_order_relaxed);
+  c.float64_fallbacks = g_float64_fallbacks.load(std::memory_order_relaxed);
+  return c;
+}
+
 std::unique_ptr<Engine> NewCpuEngine(int threads) {
   if (threads <= 0) {
-    threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    threads =
+        static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
   // Our pool is the parallelism; OpenBLAS runs in the calling thread. This is
   // process-wide (OpenBLAS 0.3.21 has no per-thread setting).

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu_engine_stats.h"
 #include "kernels/dtype_convert.h"
 #include "kernels/engine.h"
 #include "kernels/pr_check.h"
@@ -27,10 +28,14 @@ enum class Spectrum { kFlat, kPowerLaw, kRankOne, kGaussian };
 
 const char* SpectrumName(Spectrum s) {
   switch (s) {
-    case Spectrum::kFlat: return "flat";
-    case Spectrum::kPowerLaw: return "powerlaw";
-    case Spectrum::kRankOne: return "rank1";
-    case Spectrum::kGaussian: return "gaussian";
+    case Spectrum::kFlat:
+      return "flat";
+    case Spectrum::kPowerLaw:
+      return "powerlaw";
+    case Spectrum::kRankOne:
+      return "rank1";
+    case Spectrum::kGaussian:
+      return "gaussian";
   }
   return "?";
 }
@@ -54,11 +59,12 @@ void OrthonormalizeColumns(std::vector<double>& a, int64_t n, int64_t k) {
 }
 
 // A rows x cols matrix (row-major, double) with the given spectrum.
-std::vector<double> MakeMatrix(std::mt19937_64& rng, int64_t rows,
-                               int64_t cols, Spectrum spec) {
+std::vector<double> MakeMatrix(std::mt19937_64& rng, int64_t rows, int64_t cols,
+                               Spectrum spec) {
   std::normal_distribution<double> normal;
   std::vector<double> w(static_cast<size_t>(rows * cols));
-  const double scale = std::exp(std::uniform_real_distribution<double>(-2, 2)(rng));
+  const double scale =
+      std::exp(std::uniform_real_distribution<double>(-2, 2)(rng));
   if (spec == Spectrum::kGaussian) {
     for (double& x : w) x = scale * normal(rng);
     return w;
@@ -72,17 +78,20 @@ std::vector<double> MakeMatrix(std::mt19937_64& rng, int64_t rows,
     return w;
   }
   const int64_t k = std::min(rows, cols);
-  std::vector<double> u(static_cast<size_t>(rows * k)), v(static_cast<size_t>(cols * k));
+  std::vector<double> u(static_cast<size_t>(rows * k)),
+      v(static_cast<size_t>(cols * k));
   for (double& x : u) x = normal(rng);
   for (double& x : v) x = normal(rng);
   OrthonormalizeColumns(u, rows, k);
   OrthonormalizeColumns(v, cols, k);
   std::vector<double> s(static_cast<size_t>(k));
   for (int64_t i = 0; i < k; ++i) {
-    s[i] = spec == Spectrum::kFlat ? 1.0 : std::pow(static_cast<double>(i + 1), -0.7);
+    s[i] = spec == Spectrum::kFlat ? 1.0
+                                   : std::pow(static_cast<double>(i + 1), -0.7);
   }
   // Entries of an orthonormal factor are ~ 1/sqrt(dim): scale back to O(1).
-  const double amp = scale * std::sqrt(static_cast<double>(std::max(rows, cols)));
+  const double amp =
+      scale * std::sqrt(static_cast<double>(std::max(rows, cols)));
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t j = 0; j < cols; ++j) {
       double acc = 0;
@@ -115,7 +124,8 @@ Stored Store(const std::vector<double>& w, int64_t rows, int64_t cols,
       if (dtype == DType::kF32) {
         std::memcpy(p, &f, 4);
       } else {
-        const uint16_t h = dtype == DType::kF16 ? FloatToHalf(f) : FloatToBFloat16(f);
+        const uint16_t h =
+            dtype == DType::kF16 ? FloatToHalf(f) : FloatToBFloat16(f);
         std::memcpy(p, &h, 2);
       }
     }
@@ -137,9 +147,9 @@ struct ShapeCase {
 };
 
 std::vector<Stored> MakeSuite(std::mt19937_64& rng) {
-  const std::vector<ShapeCase> shapes = {{1, 512}, {512, 1}, {300, 40},
-                                         {40, 300}, {37, 129}, {129, 37},
-                                         {64, 64}, {128, 4096}, {1, 1}};
+  const std::vector<ShapeCase> shapes = {{1, 512},  {512, 1},    {300, 40},
+                                         {40, 300}, {37, 129},   {129, 37},
+                                         {64, 64},  {128, 4096}, {1, 1}};
   const Spectrum spectra[] = {Spectrum::kFlat, Spectrum::kPowerLaw,
                               Spectrum::kRankOne, Spectrum::kGaussian};
   const DType dtypes[] = {DType::kF32, DType::kF16, DType::kBF16};
@@ -158,7 +168,8 @@ std::vector<Stored> MakeSuite(std::mt19937_64& rng) {
 }
 
 // Runs `got` vs `ref` through the one checker; reports its first mismatches.
-void ExpectMatches(const std::vector<double>& got, const std::vector<double>& ref,
+void ExpectMatches(const std::vector<double>& got,
+                   const std::vector<double>& ref,
                    const std::vector<Stored>& suite, const std::string& what) {
   const CheckResult r = CheckPR(got, ref, kExactPrTolerance);
   EXPECT_EQ(r.mismatches, 0) << what << ":\n" << r.report;
@@ -168,8 +179,8 @@ void ExpectMatches(const std::vector<double>& got, const std::vector<double>& re
       break;
     }
   }
-  std::printf("%s: %zu matrices, max rel error %.3g\n", what.c_str(), got.size(),
-              r.max_rel_error);
+  std::printf("%s: %zu matrices, max rel error %.3g\n", what.c_str(),
+              got.size(), r.max_rel_error);
 }
 
 class CpuEngineTest : public ::testing::Test {
@@ -192,6 +203,7 @@ TEST_F(CpuEngineTest, ExactVariantsMatchOracleOneByOneAndBatched) {
     views.push_back(s.view);
     ref.push_back(Oracle(s.view));
   }
+  const CpuEngineCounters before = GetCpuEngineCounters();
   for (const char* name : {"algebraic", "", "naive"}) {
     VariantSpec spec;
     spec.name = name;
@@ -209,6 +221,13 @@ TEST_F(CpuEngineTest, ExactVariantsMatchOracleOneByOneAndBatched) {
     }
     ExpectMatches(one, ref, suite, absl::StrCat("one by one '", name, "'"));
   }
+  // The fast path served every matrix: no silent float64 fallback (which
+  // would hide a Gram kernel that corrupts the diagonal).
+  const CpuEngineCounters after = GetCpuEngineCounters();
+  EXPECT_EQ(after.float64_fallbacks, before.float64_fallbacks);
+  EXPECT_EQ(after.avx512_grams + after.openblas_grams - before.avx512_grams -
+                before.openblas_grams,
+            4 * static_cast<int64_t>(views.size()));
 }
 
 TEST_F(CpuEngineTest, SixtyFourBigPowerLawMatricesMatchOracle) {
@@ -216,8 +235,10 @@ TEST_F(CpuEngineTest, SixtyFourBigPowerLawMatricesMatchOracle) {
   std::mt19937_64 rng(std::random_device{}());
   std::vector<Stored> suite;
   for (int i = 0; i < 6; ++i) {
-    const std::vector<double> w = MakeMatrix(rng, 128, 4096, Spectrum::kPowerLaw);
-    suite.push_back(Store(w, 128, 4096, i % 2 ? DType::kBF16 : DType::kF32, 0, "pl"));
+    const std::vector<double> w =
+        MakeMatrix(rng, 128, 4096, Spectrum::kPowerLaw);
+    suite.push_back(
+        Store(w, 128, 4096, i % 2 ? DType::kBF16 : DType::kF32, 0, "pl"));
     suite.push_back(Store(w, 4096, 128, DType::kF32, 0, "pl-transposed-data"));
   }
   std::vector<MatrixView> views;
@@ -233,6 +254,7 @@ TEST_F(CpuEngineTest, SixtyFourBigPowerLawMatricesMatchOracle) {
 
 TEST_F(CpuEngineTest, ExtremeScalesFallBackToFloat64) {
   std::mt19937_64 rng(std::random_device{}());
+  const int64_t fallbacks = GetCpuEngineCounters().float64_fallbacks;
   for (double scale : {1e18, 1e-17, 1e-19, 1e-21, 1e-40}) {
     std::vector<double> w = MakeMatrix(rng, 48, 200, Spectrum::kPowerLaw);
     for (double& x : w) x *= scale;
@@ -242,16 +264,18 @@ TEST_F(CpuEngineTest, ExtremeScalesFallBackToFloat64) {
     EXPECT_TRUE(WithinTolerance(got, Oracle(s.view), kExactPrTolerance))
         << "scale " << scale << ": got " << got << " ref " << Oracle(s.view);
   }
+  EXPECT_GE(GetCpuEngineCounters().float64_fallbacks - fallbacks, 4);
 }
 
 TEST_F(CpuEngineTest, ZeroMatrixHasPrZero) {
   std::vector<float> zeros(37 * 129, 0.0f);
   const MatrixView v{zeros.data(), 37, 129, 129, DType::kF32};
-  for (const std::string& name : {"algebraic", "naive", "power_iter", "sketch"}) {
+  for (const char* name : {"algebraic", "naive", "power_iter", "sketch"}) {
     VariantSpec spec;
     spec.name = name;
     double got = -1;
-    ASSERT_TRUE(engine_->ComputePR({v}, spec, absl::MakeSpan(&got, 1)).ok()) << name;
+    ASSERT_TRUE(engine_->ComputePR({v}, spec, absl::MakeSpan(&got, 1)).ok())
+        << name;
     EXPECT_EQ(got, 0.0) << name;
   }
   EXPECT_EQ(*OraclePR(v), 0.0);
@@ -268,8 +292,9 @@ TEST_F(CpuEngineTest, NanOrInfIsInvalidArgumentNamingTheIndex) {
       wb[7 * 40 + 33] = bad;
       const Stored good = Store(w, 16, 40, dt, 0, "good");
       const Stored poisoned = Store(wb, 16, 40, dt, 0, "bad");
-      const std::vector<MatrixView> batch = {good.view, good.view, poisoned.view};
-      for (const std::string& name : {"algebraic", "naive", "power_iter", "sketch"}) {
+      const std::vector<MatrixView> batch = {good.view, good.view,
+                                             poisoned.view};
+      for (const char* name : {"algebraic", "naive", "power_iter", "sketch"}) {
         VariantSpec spec;
         spec.name = name;
         std::vector<double> out(3);
@@ -277,7 +302,8 @@ TEST_F(CpuEngineTest, NanOrInfIsInvalidArgumentNamingTheIndex) {
         EXPECT_TRUE(absl::IsInvalidArgument(s)) << name << " " << s;
         EXPECT_THAT(std::string(s.message()), HasSubstr("batch[2]")) << name;
         // Alone: a batch of one takes the split path for algebraic.
-        s = engine_->ComputePR({poisoned.view}, spec, absl::MakeSpan(out.data(), 1));
+        s = engine_->ComputePR({poisoned.view}, spec,
+                               absl::MakeSpan(out.data(), 1));
         EXPECT_TRUE(absl::IsInvalidArgument(s)) << name << " " << s;
       }
     }
@@ -291,7 +317,8 @@ TEST_F(CpuEngineTest, FusedAndUnknownAreUnimplementedNamingCpu) {
   for (const char* name : {"fused", "no_such_variant"}) {
     VariantSpec spec;
     spec.name = name;
-    const absl::Status s = engine_->ComputePR({v}, spec, absl::MakeSpan(&out, 1));
+    const absl::Status s =
+        engine_->ComputePR({v}, spec, absl::MakeSpan(&out, 1));
     EXPECT_TRUE(absl::IsUnimplemented(s)) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr("cpu"));
     EXPECT_THAT(std::string(s.message()), HasSubstr(name));
@@ -301,12 +328,14 @@ TEST_F(CpuEngineTest, FusedAndUnknownAreUnimplementedNamingCpu) {
 TEST_F(CpuEngineTest, BadViewsAndSpecsAreInvalidArgument) {
   std::vector<float> w(64, 1.0f);
   const MatrixView good{w.data(), 8, 8, 8, DType::kF32};
-  const std::vector<MatrixView> bad = {
-      {nullptr, 8, 8, 8, DType::kF32}, {w.data(), 0, 8, 8, DType::kF32},
-      {w.data(), 8, -1, 8, DType::kF32}, {w.data(), 8, 8, 7, DType::kF32}};
+  const std::vector<MatrixView> bad = {{nullptr, 8, 8, 8, DType::kF32},
+                                       {w.data(), 0, 8, 8, DType::kF32},
+                                       {w.data(), 8, -1, 8, DType::kF32},
+                                       {w.data(), 8, 8, 7, DType::kF32}};
   for (const MatrixView& b : bad) {
     std::vector<double> out(2);
-    const absl::Status s = engine_->ComputePR({good, b}, {}, absl::MakeSpan(out));
+    const absl::Status s =
+        engine_->ComputePR({good, b}, {}, absl::MakeSpan(out));
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr("batch[1]"));
     EXPECT_FALSE(OraclePR(b).ok());
@@ -317,11 +346,13 @@ TEST_F(CpuEngineTest, BadViewsAndSpecsAreInvalidArgument) {
   VariantSpec p;
   p.name = "power_iter";
   p.probes = 0;
-  EXPECT_TRUE(absl::IsInvalidArgument(engine_->ComputePR({good}, p, absl::MakeSpan(out.data(), 1))));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      engine_->ComputePR({good}, p, absl::MakeSpan(out.data(), 1))));
   VariantSpec k;
   k.name = "sketch";
   k.sketch_rank = 0;
-  EXPECT_TRUE(absl::IsInvalidArgument(engine_->ComputePR({good}, k, absl::MakeSpan(out.data(), 1))));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      engine_->ComputePR({good}, k, absl::MakeSpan(out.data(), 1))));
   EXPECT_TRUE(engine_->ComputePR({}, {}, {}).ok());
 }
 
@@ -334,15 +365,16 @@ TEST_F(CpuEngineTest, DeterministicBitwise) {
   }
   std::vector<MatrixView> views;
   for (const Stored& s : suite) views.push_back(s.view);
-  for (const std::string& name : {"algebraic", "naive", "power_iter", "sketch"}) {
+  for (const char* name : {"algebraic", "naive", "power_iter", "sketch"}) {
     VariantSpec spec;
     spec.name = name;
     spec.seed = 42;
     std::vector<double> a(views.size()), b(views.size());
     ASSERT_TRUE(engine_->ComputePR(views, spec, absl::MakeSpan(a)).ok());
     ASSERT_TRUE(engine_->ComputePR(views, spec, absl::MakeSpan(b)).ok());
-    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(double))) << name;
-    if (name == "power_iter" || name == "sketch") {
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(double)))
+        << name;
+    if (spec.name == "power_iter" || spec.name == "sketch") {
       spec.seed = 43;
       ASSERT_TRUE(engine_->ComputePR(views, spec, absl::MakeSpan(b)).ok());
       EXPECT_NE(a, b) << name << ": the seed must matter";
@@ -354,8 +386,8 @@ TEST_F(CpuEngineTest, ConcurrentCallersGetTheSameAnswers) {
   std::mt19937_64 rng(std::random_device{}());
   std::vector<Stored> suite;
   for (int i = 0; i < 12; ++i) {
-    suite.push_back(Store(MakeMatrix(rng, 64, 300, Spectrum::kGaussian), 64, 300,
-                          DType::kF32, 0, "c"));
+    suite.push_back(Store(MakeMatrix(rng, 64, 300, Spectrum::kGaussian), 64,
+                          300, DType::kF32, 0, "c"));
   }
   std::vector<MatrixView> views;
   for (const Stored& s : suite) views.push_back(s.view);
@@ -378,14 +410,19 @@ TEST_F(CpuEngineTest, PrIsBetweenOneAndRank) {
   std::mt19937_64 rng(std::random_device{}());
   for (Spectrum sp : {Spectrum::kFlat, Spectrum::kPowerLaw, Spectrum::kRankOne,
                       Spectrum::kGaussian}) {
-    const Stored s = Store(MakeMatrix(rng, 40, 300, sp), 40, 300, DType::kF32, 0, "b");
+    const Stored s =
+        Store(MakeMatrix(rng, 40, 300, sp), 40, 300, DType::kF32, 0, "b");
     double pr = 0;
     ASSERT_TRUE(engine_->ComputePR({s.view}, {}, absl::MakeSpan(&pr, 1)).ok());
     const double rank = sp == Spectrum::kRankOne ? 1.0 : 40.0;
     EXPECT_GE(pr, 1.0 - 1e-6) << SpectrumName(sp);
     EXPECT_LE(pr, rank * (1 + 1e-6)) << SpectrumName(sp);
-    if (sp == Spectrum::kFlat) EXPECT_NEAR(pr, 40.0, 1e-3);
-    if (sp == Spectrum::kRankOne) EXPECT_NEAR(pr, 1.0, 1e-5);
+    if (sp == Spectrum::kFlat) {
+      EXPECT_NEAR(pr, 40.0, 1e-3);
+    }
+    if (sp == Spectrum::kRankOne) {
+      EXPECT_NEAR(pr, 1.0, 1e-5);
+    }
   }
 }
 
@@ -395,8 +432,8 @@ double MeanRelError(Engine& engine, const VariantSpec& spec, int64_t rows,
   std::vector<Stored> suite;
   std::vector<MatrixView> views;
   for (int i = 0; i < 24; ++i) {
-    suite.push_back(Store(MakeMatrix(rng, rows, cols, Spectrum::kPowerLaw), rows,
-                          cols, DType::kF32, 0, "e"));
+    suite.push_back(Store(MakeMatrix(rng, rows, cols, Spectrum::kPowerLaw),
+                          rows, cols, DType::kF32, 0, "e"));
     views.push_back(suite.back().view);
   }
   std::vector<double> exact(views.size()), est(views.size());
@@ -436,8 +473,8 @@ TEST_F(CpuEngineTest, EstimatorsAreWithinStatisticalBounds) {
     spec.hutch_plus_plus = c.hpp;
     for (auto [r, cc] : {std::pair{96, 512}, {512, 96}}) {
       const double err = MeanRelError(*engine_, spec, r, cc, rng);
-      std::printf("%s K=%d r=%d hutch++=%d %dx%d: mean rel error %.3f\n", c.name,
-                  c.probes, c.rank, c.hpp, r, cc, err);
+      std::printf("%s K=%d r=%d hutch++=%d %dx%d: mean rel error %.3f\n",
+                  c.name, c.probes, c.rank, c.hpp, r, cc, err);
       EXPECT_LT(err, c.bound) << c.name;
     }
   }
@@ -497,7 +534,8 @@ TEST(DTypeConvertTest, HalfRoundTripsAndMatchesHardware) {
   for (int i = 0; i < 65536; ++i) {
     const uint16_t h = static_cast<uint16_t>(i);
     const float f = HalfToFloat(h);
-    ASSERT_EQ(std::bit_cast<uint32_t>(f), std::bit_cast<uint32_t>(fast[i])) << i;
+    ASSERT_EQ(std::bit_cast<uint32_t>(f), std::bit_cast<uint32_t>(fast[i]))
+        << i;
     const bool nan = (h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0;
     if (nan) {
       EXPECT_TRUE(std::isnan(f));
@@ -506,13 +544,13 @@ TEST(DTypeConvertTest, HalfRoundTripsAndMatchesHardware) {
       EXPECT_EQ(FloatToHalf(f), h) << i;
     }
   }
-  EXPECT_EQ(HalfToFloat(0x0001), 0x1p-24f);   // smallest subnormal
-  EXPECT_EQ(HalfToFloat(0x7bff), 65504.0f);   // largest finite
+  EXPECT_EQ(HalfToFloat(0x0001), 0x1p-24f);  // smallest subnormal
+  EXPECT_EQ(HalfToFloat(0x7bff), 65504.0f);  // largest finite
   EXPECT_EQ(FloatToHalf(65519.0f), 0x7bff);
-  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);   // rounds to infinity
-  EXPECT_EQ(FloatToHalf(1.0f + 0x1p-11f), 0x3c00);  // tie to even (down)
+  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);             // rounds to infinity
+  EXPECT_EQ(FloatToHalf(1.0f + 0x1p-11f), 0x3c00);      // tie to even (down)
   EXPECT_EQ(FloatToHalf(1.0f + 3 * 0x1p-11f), 0x3c02);  // tie to even (up)
-  EXPECT_EQ(FloatToHalf(0x1p-25f), 0x0000);   // tie between 0 and 2^-24
+  EXPECT_EQ(FloatToHalf(0x1p-25f), 0x0000);    // tie between 0 and 2^-24
   EXPECT_EQ(FloatToHalf(0x1.8p-24f), 0x0002);  // tie rounds to even (up)
   EXPECT_EQ(FloatToHalf(1e-10f), 0x0000);
   EXPECT_EQ(FloatToHalf(-0.0f), 0x8000);
@@ -526,11 +564,12 @@ TEST(DTypeConvertTest, BFloat16RoundTripsAndRoundsToEven) {
   for (int i = 0; i < 65536; ++i) {
     const uint16_t b = static_cast<uint16_t>(i);
     const float f = BFloat16ToFloat(b);
-    ASSERT_EQ(std::bit_cast<uint32_t>(f), std::bit_cast<uint32_t>(fast[i])) << i;
+    ASSERT_EQ(std::bit_cast<uint32_t>(f), std::bit_cast<uint32_t>(fast[i]))
+        << i;
     if (std::isnan(f)) continue;
     EXPECT_EQ(FloatToBFloat16(f), b);
   }
-  EXPECT_EQ(FloatToBFloat16(1.0f + 0x1p-8f), 0x3f80);  // tie, even down
+  EXPECT_EQ(FloatToBFloat16(1.0f + 0x1p-8f), 0x3f80);      // tie, even down
   EXPECT_EQ(FloatToBFloat16(1.0f + 3 * 0x1p-8f), 0x3f82);  // tie, even up
   EXPECT_TRUE(std::isnan(BFloat16ToFloat(
       FloatToBFloat16(std::numeric_limits<float>::quiet_NaN()))));

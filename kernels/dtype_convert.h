@@ -110,8 +110,8 @@ inline bool CpuHasAvx2() {
 }
 
 inline bool CpuHasF16C() {
-  static const bool has = __builtin_cpu_supports("f16c") &&
-                          __builtin_cpu_supports("avx");
+  static const bool has =
+      __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
   return has;
 }
 #endif

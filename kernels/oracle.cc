@@ -11,18 +11,18 @@
 #include "kernels/dtype_convert.h"
 #include "kernels/engine.h"
 
-extern "C" void dgesdd_(const char* jobz, const int* m, const int* n,
-                        double* a, const int* lda, double* s, double* u,
-                        const int* ldu, double* vt, const int* ldvt,
-                        double* work, const int* lwork, int* iwork, int* info);
+extern "C" void dgesdd_(const char* jobz, const int* m, const int* n, double* a,
+                        const int* lda, double* s, double* u, const int* ldu,
+                        double* vt, const int* ldvt, double* work,
+                        const int* lwork, int* iwork, int* info);
 
 namespace rvd {
 
 absl::StatusOr<double> OraclePR(const MatrixView& m) {
   if (m.data == nullptr || m.rows <= 0 || m.cols <= 0 || m.ld < m.cols) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bad matrix view: data=", m.data == nullptr ? "null" : "set",
-                     " rows=", m.rows, " cols=", m.cols, " ld=", m.ld));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad matrix view: data=", m.data == nullptr ? "null" : "set",
+        " rows=", m.rows, " cols=", m.cols, " ld=", m.ld));
   }
   if (m.rows > INT32_MAX || m.cols > INT32_MAX ||
       m.rows * m.cols > (int64_t{1} << 31)) {

@@ -39,13 +39,13 @@ inline CheckResult CheckPR(absl::Span<const double> got,
                            absl::Span<const double> ref, Tolerance tol) {
   CheckResult r;
   for (size_t i = 0; i < got.size() && i < ref.size(); ++i) {
-    const double rel = std::fabs(got[i] - ref[i]) /
-                       (ref[i] != 0 ? std::fabs(ref[i]) : 1.0);
+    const double rel =
+        std::fabs(got[i] - ref[i]) / (ref[i] != 0 ? std::fabs(ref[i]) : 1.0);
     if (!(rel <= r.max_rel_error)) r.max_rel_error = rel;  // NaN sticks
     if (!WithinTolerance(got[i], ref[i], tol)) {
       if (++r.mismatches <= 10) {
-        absl::StrAppend(&r.report, "  [", i, "] got ", got[i], " ref ",
-                        ref[i], " rel ", rel, "\n");
+        absl::StrAppend(&r.report, "  [", i, "] got ", got[i], " ref ", ref[i],
+                        " rel ", rel, "\n");
       }
     }
   }
