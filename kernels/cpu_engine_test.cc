@@ -283,28 +283,35 @@ TEST_F(CpuEngineTest, ZeroMatrixHasPrZero) {
 
 TEST_F(CpuEngineTest, NanOrInfIsInvalidArgumentNamingTheIndex) {
   std::mt19937_64 rng(std::random_device{}());
-  const std::vector<double> w = MakeMatrix(rng, 16, 40, Spectrum::kGaussian);
-  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (float bad : {std::numeric_limits<float>::quiet_NaN(),
-                      std::numeric_limits<float>::infinity(),
-                      -std::numeric_limits<float>::infinity()}) {
-      std::vector<double> wb = w;
-      wb[7 * 40 + 33] = bad;
-      const Stored good = Store(w, 16, 40, dt, 0, "good");
-      const Stored poisoned = Store(wb, 16, 40, dt, 0, "bad");
-      const std::vector<MatrixView> batch = {good.view, good.view,
-                                             poisoned.view};
-      for (const char* name : {"algebraic", "naive", "power_iter", "sketch"}) {
-        VariantSpec spec;
-        spec.name = name;
-        std::vector<double> out(3);
-        absl::Status s = engine_->ComputePR(batch, spec, absl::MakeSpan(out));
-        EXPECT_TRUE(absl::IsInvalidArgument(s)) << name << " " << s;
-        EXPECT_THAT(std::string(s.message()), HasSubstr("batch[2]")) << name;
-        // Alone: a batch of one takes the split path for algebraic.
-        s = engine_->ComputePR({poisoned.view}, spec,
-                               absl::MakeSpan(out.data(), 1));
-        EXPECT_TRUE(absl::IsInvalidArgument(s)) << name << " " << s;
+  // Wide and tall (the two Gram kernels), one big enough to be split across
+  // threads when alone in a batch.
+  for (auto [rows, cols] :
+       {std::pair<int64_t, int64_t>{16, 40}, {40, 16}, {2048, 64}}) {
+    const std::vector<double> w =
+        MakeMatrix(rng, rows, cols, Spectrum::kGaussian);
+    for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+      for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                        std::numeric_limits<float>::infinity(),
+                        -std::numeric_limits<float>::infinity()}) {
+        std::vector<double> wb = w;
+        wb[(rows / 2) * cols + cols - 3] = bad;
+        const Stored good = Store(w, rows, cols, dt, 0, "good");
+        const Stored poisoned = Store(wb, rows, cols, dt, 0, "bad");
+        const std::vector<MatrixView> batch = {good.view, good.view,
+                                               poisoned.view};
+        for (const char* name :
+             {"algebraic", "naive", "power_iter", "sketch"}) {
+          VariantSpec spec;
+          spec.name = name;
+          std::vector<double> out(3);
+          absl::Status s = engine_->ComputePR(batch, spec, absl::MakeSpan(out));
+          EXPECT_TRUE(absl::IsInvalidArgument(s)) << name << " " << s;
+          EXPECT_THAT(std::string(s.message()), HasSubstr("batch[2]")) << name;
+          // Alone: a batch of one takes the split path for algebraic.
+          s = engine_->ComputePR({poisoned.view}, spec,
+                                 absl::MakeSpan(out.data(), 1));
+          EXPECT_TRUE(absl::IsInvalidArgument(s)) << name << " " << s;
+        }
       }
     }
   }
