@@ -165,6 +165,27 @@ Scratch& ThreadScratch() {
   return scratch;
 }
 
+// A thread keeps at most this much of each scratch buffer between matrices:
+// one huge matrix must not pin its Gram in every worker for good.
+constexpr size_t kScratchKeepBytes = size_t{64} << 20;
+
+template <typename T>
+void Trim(std::vector<T>& v) {
+  if (v.capacity() * sizeof(T) > kScratchKeepBytes) std::vector<T>().swap(v);
+}
+
+void TrimThreadScratch() {
+  Scratch& sc = ThreadScratch();
+  Trim(sc.conv);
+  Trim(sc.gram);
+  Trim(sc.gram32);
+  Trim(sc.diag);
+  Trim(sc.work_a);
+  Trim(sc.work_b);
+  Trim(sc.work_c);
+  Trim(sc.work_d);
+}
+
 template <typename T>
 T* Grow(std::vector<T>& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
@@ -953,6 +974,7 @@ class CpuEngine : public Engine {
           pr = SketchOne(v, variant, i);
           break;
       }
+      TrimThreadScratch();
       if (pr.ok()) {
         out[i] = *pr;
       } else {
