@@ -62,7 +62,10 @@ class ServerImpl final : public Server {
           " (address in use or invalid)"));
     }
     // The engine is ready before the server is built, so serving starts now.
+    // "rvd.backend.<name>" tells a probe which backend serves.
     grpc_->GetHealthCheckService()->SetServingStatus(kServiceName, true);
+    grpc_->GetHealthCheckService()->SetServingStatus(
+        "rvd.backend." + engine_->Backend(), true);
     grpc_->GetHealthCheckService()->SetServingStatus(true);
     return absl::OkStatus();
   }

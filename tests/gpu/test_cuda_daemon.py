@@ -13,6 +13,8 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "integration"))
 from rvdtest import Daemon, pr_oracle, to_bf16, write_safetensors  # noqa: E402
+import health_pb2  # noqa: E402
+import health_pb2_grpc  # noqa: E402
 
 
 def gpu_present():
@@ -43,6 +45,9 @@ def test_daemon_serves_with_the_cuda_module(tmp_path, backend):
     d = Daemon(tmp_path, backend=backend)
     try:
         assert "backend cuda" in d.log_text()
+        health = health_pb2_grpc.HealthStub(d.channel)
+        assert health.Check(health_pb2.HealthCheckRequest(service="rvd.backend.cuda")).status \
+            == health_pb2.HealthCheckResponse.SERVING
         vs = write_bf16_llama(tmp_path / "m", np.random.default_rng(0))
         for variant in ["", "fused", "algebraic", "naive"]:
             args = ["measure", tmp_path / "m", "--model-id", "gpu", "--per-head", "--json"]

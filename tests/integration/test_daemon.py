@@ -301,6 +301,13 @@ def test_client_disconnect_mid_stream_leaves_daemon_serving(daemon):
 
 
 def test_health_and_reflection(daemon):
+    import health_pb2, health_pb2_grpc
+    health = health_pb2_grpc.HealthStub(daemon.channel)
+    SERVING = health_pb2.HealthCheckResponse.SERVING
+    for service in ["", "rvd.v1.Rvd", "rvd.backend.cpu"]:
+        assert health.Check(health_pb2.HealthCheckRequest(service=service)).status == SERVING
+    assert_code(lambda: health.Check(health_pb2.HealthCheckRequest(service="rvd.backend.cuda")),
+                grpc.StatusCode.NOT_FOUND, "")
     stub = reflection_pb2_grpc.ServerReflectionStub(daemon.channel)
     replies = stub.ServerReflectionInfo(
         iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
