@@ -377,7 +377,6 @@ def test_sigterm_finishes_in_flight_work_and_exits_zero(tmp_path):
 def test_bad_config_fails_to_start_with_a_message(tmp_path):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("grpc_adress: 127.0.0.1:1\n")
-    from rvdtest import RVD
     r = subprocess.run([str(RVD), "--config", str(cfg)], capture_output=True, text=True,
                        timeout=20)
     assert r.returncode != 0 and "grpc_adress" in r.stderr
