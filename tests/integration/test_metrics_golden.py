@@ -1,9 +1,11 @@
 """Golden-file test of /metrics: a fixed input through a fresh daemon, and
 its exposition compared with tests/integration/golden/metrics.txt.
 
-Series whose values depend on time (durations, timestamps) keep their
-names and labels but not their values, rvd_build_info only its name; PRs are compared to 7 significant
-digits so that another CPU's rounding does not matter. To accept a change on
+The same series must be there, with the same labels. Series whose values
+depend on time (durations, timestamps) are compared by name and labels
+only, rvd_build_info by name only (its labels name this machine's kernel);
+other values within 1e-6 relative, so that another CPU's rounding in the
+last bits of a PR does not matter. To accept a change on
 purpose: RVD_UPDATE_GOLDEN=1 ctest -R integration (then review the diff).
 """
 import os
@@ -32,8 +34,17 @@ def normalize(text):
         elif name.startswith(TIME_DEPENDENT):
             lines.append(name)  # present, value not compared
         else:
-            lines.append(f"{name} {float(value):.7g}")
+            lines.append(f"{name} {float(value):.9g}")
     return "\n".join(sorted(lines)) + "\n"
+
+
+def series(text):
+    """name{labels} -> value (None where the value is not compared)."""
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        out[name] = float(value) if value else None
+    return out
 
 
 def fixed_request(model_id, step):
@@ -71,7 +82,11 @@ def test_metrics_match_golden_file(tmp_path):
     if os.environ.get("RVD_UPDATE_GOLDEN"):
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(got)
-    want = GOLDEN.read_text()
-    assert got == want, "metrics differ from golden/metrics.txt:\n" + "\n".join(
-        f"- {w}\n+ {g}" for w, g in zip(want.splitlines(), got.splitlines()) if w != g)
+    want, have = series(GOLDEN.read_text()), series(got)
+    assert sorted(have) == sorted(want), (
+        f"series only in golden: {sorted(set(want) - set(have))}; "
+        f"only now: {sorted(set(have) - set(want))}")
+    differ = [f"{k}: golden {want[k]}, now {have[k]}" for k in want
+              if want[k] is not None and abs(have[k] - want[k]) > 1e-6 * abs(want[k])]
+    assert not differ, "values differ from golden/metrics.txt:\n" + "\n".join(differ)
     assert re.search(r'rvd_rv\{model_id="golden-a"\}', got)
