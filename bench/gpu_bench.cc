@@ -6,19 +6,25 @@
 // validate EVERY exact variant on every case against the float64 SVD oracle
 // with the one tolerance rule (kernels/pr_check.h) before timing any; then
 // time. Columns:
-//   kernel_ms  the fused kernel + finalize alone, CUDA events on one stream
-//              (what the bandwidth floor bounds);
+//   kernel_ms  the fused kernel + finalize alone, CUDA events on one stream,
+//              each launch after a host sync (the clock may not have ramped);
+//   steady_ms  the same launches queued back to back after 200 ms of the
+//              same work (steady clocks; what the bandwidth floor bounds and
+//              what %floor, GB/s and TFLOP/s use);
 //   call_ms    one ComputePRDevice call, wall clock (host planning, the
 //              descriptor upload, kernels, the result download);
 //   %floor     floor / time, floor = input bytes / measured copy ceiling;
 //   GB/s, TFLOP/s (2 n^2 K per matrix: the full Gram's products).
 // Medians over --reps runs after warm-up. fused vs algebraic calls are
 // interleaved A-B-A-B and the spread (max - min of the medians of each half)
-// is reported. Then accuracy curves of the estimators (power_iter K = 10,
+// is reported (--quick: the four target cases and the tall case, no
+// estimator curves). Then accuracy curves of the estimators (power_iter K = 10,
 // 50, 200, Hutchinson and Hutch++; sketch r = 16, 128) over four spectrum
 // families: mean and p95 relative error vs the oracle.
 //
-//   build/bin/rvd_bench_gpu [--json PATH] [--reps N] [--quick]
+//   build/bin/rvd_bench_gpu [--json PATH] [--reps N] [--quick] [--probe]
+// (--probe: the v2 kernel alone with parts left out or K split across
+// blocks, to place its time; see Probe below)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -28,6 +34,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -172,7 +179,9 @@ int Build(const Case& c, std::mt19937_64& rng, Inputs* in) {
 struct FusedPrepared {
   void* dev = nullptr;
   MatrixDesc* desc = nullptr;
-  FusedJob* jobs = nullptr;
+  FusedJob* jobs = nullptr;      // v1 (tall cases)
+  FusedJobV2* jobs2 = nullptr;   // v2 (wide cases)
+  bool v2 = true;
   int32_t* jb = nullptr;
   double *g2 = nullptr, *tr = nullptr, *pr = nullptr;
   float* mx = nullptr;
@@ -190,21 +199,37 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f) {
     descs.push_back(MakeDesc(v));
     sides.push_back(descs.back().n);
   }
+  // One case is one shape: wide cases take v2, tall ones v1 (as the engine).
   std::vector<FusedJob> jobs;
+  std::vector<FusedJobV2> jobs2;
   std::vector<int32_t> jb;
-  EnumerateFusedJobs(sides, kFusedPolicySm90.block_tile, &jobs, &jb);
+  f->v2 = views[0].rows <= views[0].cols;
+  if (f->v2) {
+    for (size_t i = 0; i < sides.size(); ++i) {
+      jb.push_back(static_cast<int32_t>(jobs2.size()));
+      AppendFusedJobsV2(static_cast<int32_t>(i), sides[i], kFusedPolicyV2Sm90, &jobs2);
+    }
+    jb.push_back(static_cast<int32_t>(jobs2.size()));
+    for (const FusedJobV2& j : jobs2) f->offdiag |= j.diagonal == 0;
+  } else {
+    EnumerateFusedJobs(sides, kFusedPolicySm90.block_tile, &jobs, &jb);
+    for (const FusedJob& j : jobs) f->offdiag |= j.diagonal == 0;
+  }
+  const size_t nj = f->v2 ? jobs2.size() : jobs.size();
   f->m = static_cast<int>(views.size());
-  f->num_jobs = static_cast<int>(jobs.size());
+  f->num_jobs = static_cast<int>(nj);
   f->dtype = views[0].dtype;
-  for (const FusedJob& j : jobs) f->offdiag |= j.diagonal == 0;
   auto al = [](size_t b) { return (b + 255) / 256 * 256; };
-  const size_t sd = al(descs.size() * sizeof(MatrixDesc)), sj = al(jobs.size() * sizeof(FusedJob)),
-               sb = al(jb.size() * 4), s8 = al(jobs.size() * 8), s4 = al(jobs.size() * 4),
+  const size_t job_bytes = f->v2 ? sizeof(FusedJobV2) : sizeof(FusedJob);
+  static_assert(sizeof(FusedJobV2) == sizeof(FusedJob), "one job slot size");
+  const size_t sd = al(descs.size() * sizeof(MatrixDesc)), sj = al(nj * job_bytes),
+               sb = al(jb.size() * 4), s8 = al(nj * 8), s4 = al(nj * 4),
                m8 = al(views.size() * 8), m4 = al(views.size() * 4);
   BENCH_CHECK(cudaMalloc(&f->dev, sd + sj + sb + 2 * s8 + s4 + m8 + m4));
   auto* p = static_cast<uint8_t*>(f->dev);
   f->desc = reinterpret_cast<MatrixDesc*>(p);
   f->jobs = reinterpret_cast<FusedJob*>(p + sd);
+  f->jobs2 = reinterpret_cast<FusedJobV2*>(p + sd);
   f->jb = reinterpret_cast<int32_t*>(p + sd + sj);
   f->g2 = reinterpret_cast<double*>(p + sd + sj + sb);
   f->tr = reinterpret_cast<double*>(p + sd + sj + sb + s8);
@@ -212,30 +237,139 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f) {
   f->pr = reinterpret_cast<double*>(p + sd + sj + sb + 2 * s8 + s4);
   f->st = reinterpret_cast<int32_t*>(p + sd + sj + sb + 2 * s8 + s4 + m8);
   BENCH_CHECK(cudaMemcpy(f->desc, descs.data(), descs.size() * sizeof(MatrixDesc), cudaMemcpyHostToDevice));
-  BENCH_CHECK(cudaMemcpy(f->jobs, jobs.data(), jobs.size() * sizeof(FusedJob), cudaMemcpyHostToDevice));
+  if (f->v2) {
+    BENCH_CHECK(cudaMemcpy(f->jobs2, jobs2.data(), nj * sizeof(FusedJobV2), cudaMemcpyHostToDevice));
+  } else {
+    BENCH_CHECK(cudaMemcpy(f->jobs, jobs.data(), nj * sizeof(FusedJob), cudaMemcpyHostToDevice));
+  }
   BENCH_CHECK(cudaMemcpy(f->jb, jb.data(), jb.size() * 4, cudaMemcpyHostToDevice));
   return 0;
 }
 
 cudaError_t RunPrepared(const FusedPrepared& f, cudaStream_t s) {
-  cudaError_t e = LaunchFused(f.dtype, f.desc, f.jobs, f.num_jobs, f.offdiag, f.g2,
-                              f.tr, f.mx, s);
+  cudaError_t e = f.v2 ? LaunchFusedV2(f.dtype, f.desc, f.jobs2, f.num_jobs, f.offdiag,
+                                       f.g2, f.tr, f.mx, s)
+                       : LaunchFused(f.dtype, f.desc, f.jobs, f.num_jobs, f.offdiag, f.g2,
+                                     f.tr, f.mx, s);
   if (e != cudaSuccess) return e;
   return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
+}
+
+int TimeQueued(const std::function<cudaError_t(int)>& launch, int reps, double warm_ms,
+               cudaStream_t stream, std::vector<double>* ms);
+
+// --probe: times the bf16 v2 kernel alone with parts left out or K split
+// across blocks (kernels.h, LaunchFusedV2Probe), to place the time.
+int Probe(cudaStream_t stream, int reps, nlohmann::json* out) {
+  struct V {
+    const char* name;
+    int flags, splits;
+  };
+  const std::vector<V> vs = {{"base", 0, 1},       {"rotate", 4, 1},   {"no_mma", 1, 1},
+                             {"no_loads", 2, 1},   {"neither", 3, 1},  {"split2", 0, 2},
+                             {"split4", 0, 4},     {"split8", 0, 8},   {"split4_rot", 4, 4},
+                             {"split8_no_mma", 1, 8}};
+  cudaEvent_t e0, e1;
+  BENCH_CHECK(cudaEventCreate(&e0));
+  BENCH_CHECK(cudaEventCreate(&e1));
+  std::mt19937_64 rng(7);
+  nlohmann::json rows = nlohmann::json::array();
+  std::printf("\nprobe: v2 bf16 kernel alone (no finalize), median ms, queued after 100 ms warm-up\n%-16s", "variant");
+  const std::vector<Case> cases = {{480, 128, 4096, DType::kBF16, "p"},
+                                   {132, 128, 4096, DType::kBF16, "p"},
+                                   {1, 128, 4096, DType::kBF16, "p"},
+                                   {32, 1024, 4096, DType::kBF16, "p"}};
+  for (const Case& c : cases) std::printf(" %5lldx%4lldx%-4lld", (long long)c.batch,
+                                          (long long)c.rows, (long long)c.cols);
+  std::printf("\n");
+  std::vector<std::unique_ptr<Inputs>> ins;
+  std::vector<std::vector<FusedPrepared>> preps(cases.size());
+  void* outs = nullptr;
+  size_t max_jobs = 0;
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    auto in = std::make_unique<Inputs>();
+    if (Build(cases[ci], rng, in.get()) != 0) return 1;
+    preps[ci].resize(3);
+    for (int st = 0; st < 3; ++st) {
+      if (Prepare(in->sets[st], &preps[ci][st]) != 0) return 1;
+    }
+    max_jobs = std::max(max_jobs, size_t(preps[ci][0].num_jobs));
+    ins.push_back(std::move(in));
+  }
+  BENCH_CHECK(cudaMalloc(&outs, max_jobs * 8 * 20));
+  auto* g2 = static_cast<double*>(outs);
+  auto* tr = g2 + max_jobs * 8;
+  auto* mx = reinterpret_cast<float*>(tr + max_jobs * 8);
+  for (const V& v : vs) {
+    std::printf("%-16s", v.name);
+    for (size_t ci = 0; ci < cases.size(); ++ci) {
+      std::vector<double> t;
+      auto launch = [&](int r) {
+        const FusedPrepared& f = preps[ci][r % 3];
+        return LaunchFusedV2Probe(f.desc, f.jobs2, f.num_jobs, f.offdiag, g2, tr, mx,
+                                  v.flags, v.splits, stream);
+      };
+      if (TimeQueued(launch, reps, 100.0, stream, &t) != 0) return 1;
+      const Case& c = cases[ci];
+      std::printf(" %14.4f", Median(t));
+      rows.push_back({{"variant", v.name}, {"batch", c.batch}, {"rows", c.rows},
+                      {"cols", c.cols}, {"kernel_ms", Median(t)}});
+    }
+    std::printf("\n");
+  }
+  cudaFree(outs);
+  (*out)["probe"] = rows;
+  return 0;
+}
+
+// Times launch(r) for r = 0 .. reps-1 queued back to back, one event pair
+// around each, after at least warm_ms of the same launches back to back: the
+// H200 idles at 345 MHz SM clock and ramps to 1980 MHz only under sustained
+// load (KINDS.md), so a launch timed alone after a host sync can run at a
+// fraction of the clock. Medians of the per-launch times go to *ms.
+int TimeQueued(const std::function<cudaError_t(int)>& launch, int reps, double warm_ms,
+               cudaStream_t stream, std::vector<double>* ms) {
+  std::vector<cudaEvent_t> ev(2 * reps);
+  for (cudaEvent_t& e : ev) BENCH_CHECK(cudaEventCreate(&e));
+  double warmed = 0;
+  for (int round = 0; round < 200 && warmed < warm_ms; ++round) {
+    BENCH_CHECK(cudaEventRecord(ev[0], stream));
+    for (int r = 0; r < 10; ++r) BENCH_CHECK(launch(r));
+    BENCH_CHECK(cudaEventRecord(ev[1], stream));
+    BENCH_CHECK(cudaEventSynchronize(ev[1]));
+    float t = 0;
+    BENCH_CHECK(cudaEventElapsedTime(&t, ev[0], ev[1]));
+    warmed += t;
+  }
+  for (int r = 0; r < reps; ++r) {
+    BENCH_CHECK(cudaEventRecord(ev[2 * r], stream));
+    BENCH_CHECK(launch(r));
+    BENCH_CHECK(cudaEventRecord(ev[2 * r + 1], stream));
+  }
+  BENCH_CHECK(cudaEventSynchronize(ev[2 * reps - 1]));
+  ms->clear();
+  for (int r = 0; r < reps; ++r) {
+    float t = 0;
+    BENCH_CHECK(cudaEventElapsedTime(&t, ev[2 * r], ev[2 * r + 1]));
+    ms->push_back(t);
+  }
+  for (cudaEvent_t& e : ev) cudaEventDestroy(e);
+  return 0;
 }
 
 int Main(int argc, char** argv) {
   std::string json_path;
   int reps = 50;
-  bool quick = false;
+  bool quick = false, probe = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     else if (a.rfind("--json=", 0) == 0) json_path = a.substr(7);
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (a == "--quick") quick = true;
+    else if (a == "--probe") probe = true;
     else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--reps N] [--quick]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json PATH] [--reps N] [--quick] [--probe]\n", argv[0]);
       return 2;
     }
   }
@@ -285,6 +419,11 @@ int Main(int argc, char** argv) {
   }
   std::printf("copy ceiling (D2D, read + write): %.3f TB/s\n\n", copy_tbps);
   out["copy_TBps"] = copy_tbps;
+  if (probe) {
+    const int rc = Probe(stream, reps, &out);
+    if (!json_path.empty()) std::ofstream(json_path) << out.dump(2);
+    return rc;
+  }
 
   std::vector<Case> cases = {
       {480, 128, 4096, DType::kF32, "issue"},  {480, 128, 4096, DType::kBF16, "issue"},
@@ -292,8 +431,10 @@ int Main(int argc, char** argv) {
       {480, 128, 4096, DType::kF16, "dtype"},  {32, 1024, 4096, DType::kF32, "dtype"},
       {480, 4096, 128, DType::kBF16, "tall"},
   };
+  // --quick: the four target cases and the tall (v1) case only.
+  if (quick) cases.erase(cases.begin() + 4, cases.begin() + 6);
   for (int64_t b : {1, 4, 16, 64, 256, 1024}) {
-    if (!quick || b == 64) cases.push_back({b, 128, 4096, DType::kBF16, "scaling"});
+    if (!quick) cases.push_back({b, 128, 4096, DType::kBF16, "scaling"});
   }
   std::mt19937_64 rng(20261129);
 
@@ -338,8 +479,8 @@ int Main(int argc, char** argv) {
 
   // 3. Timing.
   nlohmann::json timing = nlohmann::json::array();
-  std::printf("\n%-8s %5s %10s %-4s | %9s %7s %7s %7s | %9s %9s %9s %8s | %s\n", "case",
-              "batch", "shape", "type", "kernel_ms", "%floor", "GB/s", "TFLOP/s",
+  std::printf("\n%-8s %5s %10s %-4s | %9s %9s %7s %7s %7s | %9s %9s %9s %8s | %s\n", "case",
+              "batch", "shape", "type", "kernel_ms", "steady_ms", "%floor", "GB/s", "TFLOP/s",
               "fused_ms", "alg_ms", "spread_ms", "floor_ms", "served by");
   for (size_t ci = 0; ci < cases.size(); ++ci) {
     const Case& c = cases[ci];
@@ -365,6 +506,13 @@ int Main(int argc, char** argv) {
       if (r >= 5) kt.push_back(ms);
     }
     const double kernel_ms = Median(kt);
+    // The same, queued back to back after 200 ms of warm-up (steady clocks).
+    std::vector<double> kq;
+    if (TimeQueued([&](int r) { return RunPrepared(prep[r % 3], stream); }, reps, 200.0,
+                   stream, &kq) != 0) {
+      return 1;
+    }
+    const double steady_ms = Median(kq);
     // Whole calls, fused and algebraic interleaved A-B-A-B.
     std::vector<double> ta, tb;
     const int call_reps = std::max(6, reps / (c.batch * c.rows * c.cols > (1ll << 28) ? 5 : 1));
@@ -391,21 +539,30 @@ int Main(int argc, char** argv) {
         std::fabs(half_median(ta, 0, h) - half_median(ta, h, ta.size())),
         std::fabs(half_median(tb, 0, h) - half_median(tb, h, tb.size())));
     const std::string shape = absl::StrCat(c.rows, "x", c.cols);
-    std::printf("%-8s %5lld %10s %-4s | %9.4f %6.1f%% %7.0f %7.1f | %9.4f %9.4f %9.4f %8.4f | %s\n",
+    std::printf("%-8s %5lld %10s %-4s | %9.4f %9.4f %6.1f%% %7.0f %7.1f | %9.4f %9.4f %9.4f %8.4f | %s\n",
                 c.tag.c_str(), (long long)c.batch, shape.c_str(), DTypeName(c.dtype),
-                kernel_ms, 100.0 * floor_ms / kernel_ms, bytes / (kernel_ms * 1e-3) / 1e9,
-                flops / (kernel_ms * 1e-3) / 1e12, Median(ta), Median(tb), spread, floor_ms,
-                kFusedPolicySm90.name);
+                kernel_ms, steady_ms, 100.0 * floor_ms / steady_ms, bytes / (steady_ms * 1e-3) / 1e9,
+                flops / (steady_ms * 1e-3) / 1e12, Median(ta), Median(tb), spread, floor_ms,
+                FusedPolicyFor(c.rows, c.cols).name);
     timing.push_back({{"case", c.tag}, {"batch", c.batch}, {"rows", c.rows}, {"cols", c.cols},
                       {"dtype", DTypeName(c.dtype)}, {"kernel_ms", kernel_ms},
-                      {"pct_of_floor", 100.0 * floor_ms / kernel_ms},
-                      {"GBps", bytes / (kernel_ms * 1e-3) / 1e9},
-                      {"TFLOPs_full_gram", flops / (kernel_ms * 1e-3) / 1e12},
+                      {"steady_kernel_ms", steady_ms},
+                      {"pct_of_floor", 100.0 * floor_ms / steady_ms},
+                      {"GBps", bytes / (steady_ms * 1e-3) / 1e9},
+                      {"TFLOPs_full_gram", flops / (steady_ms * 1e-3) / 1e12},
                       {"fused_call_ms", Median(ta)}, {"algebraic_call_ms", Median(tb)},
                       {"call_spread_ms", spread}, {"floor_ms", floor_ms},
-                      {"policy", kFusedPolicySm90.name}});
+                      {"policy", FusedPolicyFor(c.rows, c.cols).name}});
   }
   out["timing"] = timing;
+  if (quick) {
+    nlohmann::json served;
+    for (const auto& [k, n] : engine.ServedCounts()) served[k] = n;
+    out["served"] = served;
+    std::printf("\nserved: %s\n", served.dump().c_str());
+    if (!json_path.empty()) std::ofstream(json_path) << out.dump(2);
+    return 0;  // --quick: no estimator curves
+  }
 
   // 4. Estimator accuracy curves.
   std::printf("\nestimators, 128x1024 f32, 24 matrices per family: mean / p95 rel error\n");

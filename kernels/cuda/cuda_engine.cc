@@ -1,10 +1,13 @@
 // The CUDA engine (cuda_engine.h).
 //
 // Variants, in the llm.c order (each names what differs):
-//   fused      (exact, default) our kernel (fused_kernel.cuh): one pass over
-//              W, Gram tiles of the upper triangle on tensor cores (3xTF32
-//              for f32, native bf16/f16), ||W||_F^2 and ||G||_F^2 reduced in
-//              float64 per job, then per matrix in job order; G never stored.
+//   fused      (exact, default) our kernels: one pass over W, Gram tiles of
+//              the upper triangle on tensor cores (3xTF32 for f32, native
+//              bf16/f16), ||W||_F^2 and ||G||_F^2 reduced in float64 per job,
+//              then per matrix in job order; G never stored. Wide W (rows <=
+//              cols) takes v2 (fused_v2_kernel.cuh: mma.sync + ldmatrix, 2
+//              blocks per SM), tall W v1 (fused_kernel.cuh: WMMA); the served
+//              counts name the policy per matrix.
 //   algebraic  (exact) the vendor baseline: cuBLAS batched Gram (compute
 //              32F, no TF32) into a workspace, then our float64 reductions
 //              of G (upper triangle weighted) and of W.
@@ -31,6 +34,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <utility>
 
@@ -346,11 +350,22 @@ class Runner {
     return absl::OkStatus();
   }
 
+  // The served-count key of a fused policy, e.g. "fused/fused-v2-...".
+  std::string FusedCountKey(const LaunchPolicy& p) const {
+    return absl::StrCat("fused/", use_mutant_ ? "MUTANT-" : "", p.name);
+  }
+
+  // Matrices served per key by this call (`n` in all): fused counts per
+  // policy that served them; the other variants one key.
+  std::map<std::string, int64_t> Served(int64_t n) const {
+    if (kind_ == Kind::kFused) return fused_served_;
+    return {{CountKey(), n}};
+  }
+
   std::string CountKey() const {
     switch (kind_) {
       case Kind::kFused:
-        return absl::StrCat("fused/", use_mutant_ ? "MUTANT-" : "",
-                            kFusedPolicySm90.name);
+        return FusedCountKey(kFusedPolicyV2Sm90);
       case Kind::kAlgebraic: return "algebraic/cublas-gemm-batched-32f-splitk128";
       case Kind::kNaive: return "naive/cusolver-dgesvd";
       case Kind::kPowerIter:
@@ -375,30 +390,50 @@ class Runner {
     return OraclePR(h);
   }
 
-  // Fused: descriptors and jobs up, one launch per dtype, finalize, results
-  // down. Matrices are ordered by dtype (stable) so that each dtype's jobs
-  // are contiguous; ctx.order maps result slots back.
+  // Fused: descriptors and jobs up, one launch per (dtype, policy), finalize,
+  // results down. Matrices are ordered by dtype, then wide (v2) before tall
+  // (v1), stably, so that each launch's jobs are contiguous; ctx.order maps
+  // result slots back. Job indices (g2, trace, maxabs) run over both kinds
+  // of job in matrix order, so the finalize sums each matrix's jobs in order.
   absl::Status EnqueueFused(Context& ctx) {
     const auto& views = ctx.device_views;
     const size_t m = views.size();
+    auto key = [&](size_t i) {
+      return 2 * static_cast<int>(views[i].dtype) + (views[i].rows > views[i].cols ? 1 : 0);
+    };
     ctx.order.resize(m);
     std::iota(ctx.order.begin(), ctx.order.end(), size_t{0});
     std::stable_sort(ctx.order.begin(), ctx.order.end(),
-                     [&](size_t a, size_t b) {
-                       return static_cast<int>(views[a].dtype) <
-                              static_cast<int>(views[b].dtype);
-                     });
+                     [&](size_t a, size_t b) { return key(a) < key(b); });
     std::vector<MatrixDesc> descs(m);
-    std::vector<int64_t> sides(m);
+    jobs_.clear();
+    jobs2_.clear();
+    job_begin_.assign(1, 0);
+    std::vector<int32_t> list_begin(m + 1, 0);  // offset in jobs_ or jobs2_
     for (size_t s = 0; s < m; ++s) {
       descs[s] = MakeDesc(views[ctx.order[s]]);
-      sides[s] = descs[s].n;
+      const int64_t side[1] = {descs[s].n};
+      if (descs[s].tall) {
+        list_begin[s] = static_cast<int32_t>(jobs_.size());
+        std::vector<FusedJob> one;
+        std::vector<int32_t> jb;
+        EnumerateFusedJobs(side, kFusedPolicySm90.block_tile, &one, &jb);
+        for (FusedJob j : one) {
+          j.matrix = static_cast<int32_t>(s);
+          jobs_.push_back(j);
+        }
+        job_begin_.push_back(job_begin_.back() + static_cast<int32_t>(one.size()));
+      } else {
+        list_begin[s] = static_cast<int32_t>(jobs2_.size());
+        AppendFusedJobsV2(static_cast<int32_t>(s), side[0], kFusedPolicyV2Sm90, &jobs2_);
+        job_begin_.push_back(static_cast<int32_t>(jobs_.size() + jobs2_.size()));
+      }
     }
-    EnumerateFusedJobs(sides, kFusedPolicySm90.block_tile, &jobs_, &job_begin_);
-    const size_t nj = jobs_.size();
+    const size_t nj = jobs_.size() + jobs2_.size();
     Layout up;
     const uint64_t o_desc = up.Add(m * sizeof(MatrixDesc));
-    const uint64_t o_jobs = up.Add(nj * sizeof(FusedJob));
+    const uint64_t o_jobs = up.Add(jobs_.size() * sizeof(FusedJob));
+    const uint64_t o_jobs2 = up.Add(jobs2_.size() * sizeof(FusedJobV2));
     const uint64_t o_jb = up.Add((m + 1) * sizeof(int32_t));
     Layout work = up;
     const uint64_t o_g2 = work.Add(nj * sizeof(double));
@@ -411,33 +446,55 @@ class Runner {
     if (s.ok()) s = ctx.EnsureDevice(ctx.work, work.size());
     if (!s.ok()) return s;
     std::memcpy(At<void>(ctx.up.ptr, o_desc), descs.data(), m * sizeof(MatrixDesc));
-    std::memcpy(At<void>(ctx.up.ptr, o_jobs), jobs_.data(), nj * sizeof(FusedJob));
+    if (!jobs_.empty()) {
+      std::memcpy(At<void>(ctx.up.ptr, o_jobs), jobs_.data(), jobs_.size() * sizeof(FusedJob));
+    }
+    if (!jobs2_.empty()) {
+      std::memcpy(At<void>(ctx.up.ptr, o_jobs2), jobs2_.data(),
+                  jobs2_.size() * sizeof(FusedJobV2));
+    }
     std::memcpy(At<void>(ctx.up.ptr, o_jb), job_begin_.data(), (m + 1) * sizeof(int32_t));
     void* w = ctx.work.ptr;
     RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(w, ctx.up.ptr, up.size(),
                                              cudaMemcpyHostToDevice, ctx.stream));
     const auto* d_desc = At<MatrixDesc>(w, o_desc);
     const auto* d_jobs = At<FusedJob>(w, o_jobs);
-    // One launch per dtype over its contiguous jobs.
+    const auto* d_jobs2 = At<FusedJobV2>(w, o_jobs2);
+    FusedLauncher launch = &LaunchFused;
+    FusedV2Launcher launch2 = &LaunchFusedV2;
+    if (use_mutant_) {
+      if (g_fused_mutant_launcher == nullptr || g_fused_v2_mutant_launcher == nullptr) {
+        return absl::FailedPreconditionError("no mutant kernel linked");
+      }
+      launch = g_fused_mutant_launcher;
+      launch2 = g_fused_v2_mutant_launcher;
+    }
+    // One launch per run of matrices with the same (dtype, policy).
     size_t s0 = 0;
     while (s0 < m) {
       const DType dt = views[ctx.order[s0]].dtype;
+      const bool tall = descs[s0].tall != 0;
       size_t s1 = s0;
-      while (s1 < m && views[ctx.order[s1]].dtype == dt) ++s1;
+      while (s1 < m && key(ctx.order[s1]) == key(ctx.order[s0])) ++s1;
       const int j0 = job_begin_[s0], j1 = job_begin_[s1];
+      const int l0 = list_begin[s0];
       bool offdiag = false;
-      for (int j = j0; j < j1; ++j) offdiag |= jobs_[j].diagonal == 0;
-      FusedLauncher launch = &LaunchFused;
-      if (use_mutant_) {
-        if (g_fused_mutant_launcher == nullptr) {
-          return absl::FailedPreconditionError("no mutant kernel linked");
-        }
-        launch = g_fused_mutant_launcher;
+      for (int j = 0; j < j1 - j0; ++j) {
+        offdiag |= (tall ? jobs_[l0 + j].diagonal : jobs2_[l0 + j].diagonal) == 0;
       }
-      RVD_CUDA_RETURN_IF_ERROR(launch(dt, d_desc, d_jobs + j0, j1 - j0, offdiag,
-                                      At<double>(w, o_g2) + j0,
-                                      At<double>(w, o_tr) + j0,
-                                      At<float>(w, o_mx) + j0, ctx.stream));
+      if (tall) {
+        RVD_CUDA_RETURN_IF_ERROR(launch(dt, d_desc, d_jobs + l0, j1 - j0, offdiag,
+                                        At<double>(w, o_g2) + j0,
+                                        At<double>(w, o_tr) + j0,
+                                        At<float>(w, o_mx) + j0, ctx.stream));
+      } else {
+        RVD_CUDA_RETURN_IF_ERROR(launch2(dt, d_desc, d_jobs2 + l0, j1 - j0, offdiag,
+                                         At<double>(w, o_g2) + j0,
+                                         At<double>(w, o_tr) + j0,
+                                         At<float>(w, o_mx) + j0, ctx.stream));
+      }
+      fused_served_[FusedCountKey(tall ? kFusedPolicySm90 : kFusedPolicyV2Sm90)] +=
+          static_cast<int64_t>(s1 - s0);
       s0 = s1;
     }
     RVD_CUDA_RETURN_IF_ERROR(LaunchFinalize(
@@ -917,8 +974,10 @@ class Runner {
   VariantSpec spec_;
   Kind kind_;
   bool use_mutant_;
-  std::vector<FusedJob> jobs_;
+  std::vector<FusedJob> jobs_;     // v1 (tall matrices)
+  std::vector<FusedJobV2> jobs2_;  // v2 (wide matrices)
   std::vector<int32_t> job_begin_;
+  std::map<std::string, int64_t> fused_served_;  // policy key -> matrices
   std::vector<double> results_;  // naive and estimators, chunk order
   uint64_t work_extra_ = 0;
   uint64_t stats_bytes_ = 0;
@@ -1141,7 +1200,9 @@ absl::Status CudaEngine::ComputePR(absl::Span<const MatrixView> batch,
     if (!status.ok()) return status;
   }
   std::move(finish).Invoke();
-  if (status.ok()) Count(runner.CountKey(), static_cast<int64_t>(batch.size()));
+  if (status.ok()) {
+    for (const auto& [key, n] : runner.Served(static_cast<int64_t>(batch.size()))) Count(key, n);
+  }
   return status;
 }
 
@@ -1223,7 +1284,12 @@ absl::Status CudaEngine::ComputePRDevice(
     if (status.ok()) status = runner.Enqueue(*ctx, views, 0);
     if (status.ok()) status = runner.Collect(*ctx, {}, out);
   }
-  if (status.ok()) Count(runner.CountKey(), static_cast<int64_t>(device_batch.size()));
+  if (status.ok()) {
+    for (const auto& [key, n] :
+         runner.Served(static_cast<int64_t>(device_batch.size()))) {
+      Count(key, n);
+    }
+  }
   return status;
 }
 

@@ -250,7 +250,8 @@ const std::vector<Shape> kShapes = {{1, 512},  {512, 1},   {7, 33},     {300, 40
 TEST_F(CudaEngineTest, VersionAndDefault) {
   EXPECT_EQ(engine_->Backend(), "cuda");
   EXPECT_EQ(engine_->DefaultVariant(), "fused");
-  EXPECT_THAT(engine_->Version(), HasSubstr("cuda-fused-v1/sm"));
+  EXPECT_THAT(engine_->Version(), HasSubstr("cuda-fused-v2/sm"));
+  EXPECT_THAT(engine_->Version(), HasSubstr(kFusedPolicyV2Sm90.name));
 }
 
 TEST_F(CudaEngineTest, ExactVariantsMatchOracle) {
@@ -265,12 +266,46 @@ TEST_F(CudaEngineTest, ExactVariantsMatchOracle) {
       Check(out, ref, suite, absl::StrCat(name, " ", DTypeName(dt)));
     }
   }
+  // Both fused policies served (kShapes has wide and tall shapes), and
+  // nothing else under "fused/".
   const auto counts = engine_->ServedCounts();
-  EXPECT_GT(counts.at(absl::StrCat("fused/", kFusedPolicySm90.name)), 0);
+  const std::string v2 = absl::StrCat("fused/", kFusedPolicyV2Sm90.name);
+  const std::string v1 = absl::StrCat("fused/", kFusedPolicySm90.name);
+  ASSERT_EQ(counts.count(v2), 1u);
+  ASSERT_EQ(counts.count(v1), 1u);
+  int64_t wide = 0, tall = 0;
+  for (const Shape& sh : kShapes) (sh.rows <= sh.cols ? wide : tall) += 4 * 3;
+  EXPECT_EQ(counts.at(v2), wide);
+  EXPECT_EQ(counts.at(v1), tall);
+}
+
+// v2 (wide) and v1 (tall) jobs in one call, several dtypes interleaved: each
+// matrix's bits equal those of the matrix alone, and match the oracle.
+TEST_F(CudaEngineTest, MixedPoliciesAndDtypesInOneCall) {
+  std::vector<Stored> suite;
+  const std::vector<Shape> shapes = {{128, 4096}, {4096, 128}, {257, 3001}, {300, 40},
+                                     {1, 512}, {200, 129}, {129, 1000}};
+  int i = 0;
+  for (const Shape& sh : shapes) {
+    for (DType dt : {DType::kBF16, DType::kF32, DType::kF16}) {
+      const Spectrum sp = static_cast<Spectrum>(i++ % 4);
+      suite.push_back(Store(MakeMatrix(rng_, sh.rows, sh.cols, sp), sh.rows, sh.cols, dt,
+                            0, SpectrumName(sp)));
+    }
+  }
+  const std::vector<double> ref = Oracle(suite);
+  std::vector<double> out = Poisoned(suite.size());
+  ASSERT_TRUE(engine_->ComputePR(Views(suite), {}, absl::MakeSpan(out)).ok());
+  Check(out, ref, suite, "fused mixed");
+  for (size_t k = 0; k < suite.size(); ++k) {
+    std::vector<double> one = Poisoned(1);
+    ASSERT_TRUE(engine_->ComputePR({suite[k].view}, {}, absl::MakeSpan(one)).ok());
+    EXPECT_EQ(std::memcmp(&one[0], &out[k], sizeof(double)), 0) << suite[k].label;
+  }
 }
 
 TEST_F(CudaEngineTest, LargeMatricesMatchOracle) {
-  for (DType dt : {DType::kF32, DType::kBF16}) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
     std::vector<Stored> suite;
     for (Spectrum sp : {Spectrum::kPowerLaw, Spectrum::kGaussian}) {
       suite.push_back(Store(MakeMatrix(rng_, 1024, 4096, sp), 1024, 4096, dt, 0,
@@ -329,8 +364,9 @@ TEST_F(CudaEngineTest, DeviceViewsStridedAndUnaligned) {
 }
 
 TEST_F(CudaEngineTest, FusedIsBitwiseDeterministic) {
-  for (DType dt : {DType::kF32, DType::kBF16}) {
-    const std::vector<Stored> suite = Suite(rng_, dt, {{128, 4096}, {300, 40}, {257, 513}});
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const std::vector<Stored> suite =
+        Suite(rng_, dt, {{128, 4096}, {300, 40}, {257, 513}, {1024, 2048}});
     std::vector<double> a = Poisoned(suite.size()), b = Poisoned(suite.size());
     VariantSpec v;
     ASSERT_TRUE(engine_->ComputePR(Views(suite), v, absl::MakeSpan(a)).ok());

@@ -1,8 +1,10 @@
-// Test build only: a deliberately wrong fused kernel (the B operand of every
-// warp tile is read from the row block instead of the column block: one
-// wrong index). cuda_engine_test runs the same checker against it and
-// expects mismatches, proving that the checker can fail.
+// Test build only: deliberately wrong fused kernels, v1 (tall) and v2
+// (wide): the B operand of every warp tile is read from the row block
+// instead of the column block: one wrong index. cuda_engine_test runs the
+// same checker against them and expects mismatches, proving that the
+// checker can fail.
 #include "kernels/cuda/fused_kernel.cuh"
+#include "kernels/cuda/fused_v2_kernel.cuh"
 
 namespace rvd::cuda {
 namespace {
@@ -16,8 +18,19 @@ cudaError_t LaunchFusedMutant(DType dtype, const MatrixDesc* mats,
       mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, stream);
 }
 
+cudaError_t LaunchFusedV2Mutant(DType dtype, const MatrixDesc* mats,
+                                const FusedJobV2* jobs, int num_jobs,
+                                bool any_offdiagonal, double* g2,
+                                double* trace, float* maxabs,
+                                cudaStream_t stream) {
+  if (dtype != DType::kBF16) return cudaErrorNotSupported;  // one instance
+  return fused_v2::LaunchFusedV2T<__nv_bfloat16, true>(
+      mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, stream);
+}
+
 const bool kRegistered = [] {
   g_fused_mutant_launcher = &LaunchFusedMutant;
+  g_fused_v2_mutant_launcher = &LaunchFusedV2Mutant;
   return true;
 }();
 

@@ -10,11 +10,13 @@
 #include <cstdint>
 
 #include "kernels/cuda/fused_kernel.cuh"
+#include "kernels/cuda/fused_v2_kernel.cuh"
 #include "kernels/cuda/kernels.h"
 
 namespace rvd::cuda {
 
 FusedLauncher g_fused_mutant_launcher = nullptr;
+FusedV2Launcher g_fused_v2_mutant_launcher = nullptr;
 
 MatrixDesc MakeDesc(const MatrixView& v) {
   MatrixDesc d;
@@ -40,6 +42,24 @@ cudaError_t LaunchFused(DType dtype, const MatrixDesc* mats,
   return fused::LaunchFusedDispatch<false>(dtype, mats, jobs, num_jobs,
                                            any_offdiagonal, g2, trace, maxabs,
                                            stream);
+}
+
+cudaError_t LaunchFusedV2(DType dtype, const MatrixDesc* mats,
+                          const FusedJobV2* jobs, int num_jobs,
+                          bool any_offdiagonal, double* g2, double* trace,
+                          float* maxabs, cudaStream_t stream) {
+  return fused_v2::LaunchFusedV2Dispatch<false>(dtype, mats, jobs, num_jobs,
+                                                any_offdiagonal, g2, trace,
+                                                maxabs, stream);
+}
+
+cudaError_t LaunchFusedV2Probe(const MatrixDesc* mats, const FusedJobV2* jobs,
+                               int num_jobs, bool any_offdiagonal, double* g2,
+                               double* trace, float* maxabs, int probe,
+                               int splits, cudaStream_t stream) {
+  return fused_v2::LaunchFusedV2ProbeBf16(mats, jobs, num_jobs, any_offdiagonal,
+                                          g2, trace, maxabs, probe, splits,
+                                          stream);
 }
 
 namespace {

@@ -44,12 +44,32 @@ cudaError_t LaunchFused(DType dtype, const MatrixDesc* mats,
                         bool any_offdiagonal, double* g2, double* trace,
                         float* maxabs, cudaStream_t stream);
 
-// Test hook: the mutant launcher, set by fused_mutant.cu's static initializer
-// in the test binary; nullptr in the product.
+// The fused kernel v2 (wide matrices, rows <= cols; fused_v2_kernel.cuh):
+// one block per FusedJobV2, outputs per job as LaunchFused.
+cudaError_t LaunchFusedV2(DType dtype, const MatrixDesc* mats,
+                          const FusedJobV2* jobs, int num_jobs,
+                          bool any_offdiagonal, double* g2, double* trace,
+                          float* maxabs, cudaStream_t stream);
+
+// Benchmark hook (rvd_bench_gpu --probe): bf16 v2 with probe flags (1: no
+// MMA, 2: no loads after the prologue, 4: rotated K start) and `splits`
+// blocks per job over contiguous parts of K. Outputs per block (num_jobs x
+// splits entries), for timing only.
+cudaError_t LaunchFusedV2Probe(const MatrixDesc* mats, const FusedJobV2* jobs,
+                               int num_jobs, bool any_offdiagonal, double* g2,
+                               double* trace, float* maxabs, int probe,
+                               int splits, cudaStream_t stream);
+
+// Test hooks: the mutant launchers (v1 and v2), set by fused_mutant.cu's
+// static initializer in the test binary; nullptr in the product.
 using FusedLauncher = cudaError_t (*)(DType, const MatrixDesc*,
                                       const FusedJob*, int, bool, double*,
                                       double*, float*, cudaStream_t);
 extern FusedLauncher g_fused_mutant_launcher;
+using FusedV2Launcher = cudaError_t (*)(DType, const MatrixDesc*,
+                                        const FusedJobV2*, int, bool, double*,
+                                        double*, float*, cudaStream_t);
+extern FusedV2Launcher g_fused_v2_mutant_launcher;
 
 // Per matrix m: sums its jobs [job_begin[m], job_begin[m+1]) in job order,
 // in float64, and writes pr[m] and status[m].

@@ -7,8 +7,25 @@
 namespace rvd::cuda {
 
 std::string KernelVersion(int sm_major, int sm_minor) {
-  return absl::StrCat("cuda-fused-v1/sm", sm_major, sm_minor, "/",
-                      kFusedPolicySm90.name);
+  return absl::StrCat("cuda-fused-v2/sm", sm_major, sm_minor, "/",
+                      kFusedPolicyV2Sm90.name, "+tall:", kFusedPolicySm90.name);
+}
+
+const LaunchPolicy& FusedPolicyFor(int64_t rows, int64_t cols) {
+  return rows <= cols ? kFusedPolicyV2Sm90 : kFusedPolicySm90;
+}
+
+void AppendFusedJobsV2(int32_t matrix, int64_t side, const LaunchPolicy& p,
+                       std::vector<FusedJobV2>* jobs) {
+  const int64_t ct = p.col_tile > 0 ? p.col_tile : p.block_tile;
+  for (int64_t r = 0; r < side; r += p.block_tile) {
+    jobs->push_back(FusedJobV2{matrix, static_cast<int32_t>(r),
+                               static_cast<int32_t>(r), 1});
+    for (int64_t c = r + p.block_tile; c < side; c += ct) {
+      jobs->push_back(FusedJobV2{matrix, static_cast<int32_t>(r),
+                                 static_cast<int32_t>(c), 0});
+    }
+  }
 }
 
 int64_t GramSide(int64_t rows, int64_t cols) { return std::min(rows, cols); }

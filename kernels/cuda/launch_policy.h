@@ -29,6 +29,9 @@ struct LaunchPolicy {
   int k_slice_bytes;     // bytes of each W row per pipeline stage
   int stages;            // cp.async pipeline depth (K-slices in flight)
   int f32_split;         // f32 inputs: products per MMA step (3 = 3xTF32)
+  int col_tile = 0;      // Gram columns of an off-diagonal job (v2); 0: block_tile
+  int blocks_per_sm = 1;  // resident blocks per SM the kernel is built for
+  int stages_offdiag = 0;  // stages in launches with off-diagonal jobs (v2); 0: stages
 };
 
 // sm_90 (H200), the only tuned target. Values and where they came from:
@@ -49,11 +52,43 @@ struct LaunchPolicy {
 //     PR (GPU.md, torch TF32 row), the split keeps ~22 mantissa bits.
 // First-version values from the arithmetic above; not yet tuned by
 // measurement (see the benchmark's table for what they achieve).
+// v1 now serves tall W only (rows > cols); wide W takes v2 below.
 inline constexpr LaunchPolicy kFusedPolicySm90{"fused-v1-bt128w8s4", 128, 8, 32,
                                                128, 4, 3};
 
-// The kernel version string, e.g. "cuda-fused-v1/sm90".
+// v2 (fused_v2_kernel.cuh), wide W (rows <= cols) on sm_80 and newer; tuned
+// for sm_90 (H200). Values and where they came from:
+//   block_tile 128, col_tile 64: a diagonal job is the upper triangle of a
+//     128 x 128 Gram tile (one 128 x 4096 matrix: one job, W read once); an
+//     off-diagonal job is 128 x 64, so that a warp holds at most 5 blocks of
+//     16 x 16 (40 accumulator + 40 per-slice registers) and the kernel fits
+//     128 registers: 2 blocks per SM.
+//   warps 8, warp_tile 16: 36 blocks of 16 x 16 per diagonal tile (56% of
+//     the square's MMAs, v1's 32 x 32 tiles needed 62.5%), 4 or 5 per warp.
+//   k_slice_bytes 128: 4 k-steps of 32 bytes per stage, as v1. Each MMA
+//     starts a fresh accumulator, added to the running f32 sums with round
+//     to nearest (a stricter form of v1's per-slice guard against the
+//     tensor cores' truncating accumulation, H200 run 1).
+//   stages 6 (diagonal-only launches: 6 x 18 KB) / stages_offdiag 4 (27 KB
+//     stages): 108 KB of shared memory per block either way, 2 blocks per
+//     SM. H200, 2026-11-29, 4-stage version, kernel alone: 480 x 128x4096
+//     bf16 loads + row statistics without MMAs took 0.31 ms (1.6 TB/s): the
+//     ring was too shallow, hence 5 slices in flight in the diagonal case.
+//   blocks_per_sm 2: 256 threads x 128 registers x 2 = the register file.
+//   f32_split 3: 3xTF32 as v1.
+// The H200 measurements of this policy are in NOTES.md and bench/RESULTS.md
+// ("GPU engine (H200)").
+inline constexpr LaunchPolicy kFusedPolicyV2Sm90{
+    "fused-v2-bt128x64w8s6b2", 128, 8, 16, 128, 6, 3, 64, 2, 4};
+
+// The kernel version string, e.g.
+// "cuda-fused-v2/sm90/fused-v2-...+tall:fused-v1-...": the policies that
+// serve wide and tall matrices.
 std::string KernelVersion(int sm_major, int sm_minor);
+
+// Which fused policy serves a rows x cols matrix: v2 for wide (rows <=
+// cols), v1 for tall.
+const LaunchPolicy& FusedPolicyFor(int64_t rows, int64_t cols);
 
 // One block of the fused kernel: the tile (ti, tj), ti <= tj, of matrix m's
 // Gram, in units of block_tile.
@@ -63,6 +98,21 @@ struct FusedJob {
   int32_t tj;
   int32_t diagonal;  // ti == tj: also reduces ||W||_F^2 over its rows
 };
+
+// One block of the v2 kernel on matrix m (wide): diagonal jobs cover the
+// upper triangle of the block_tile square at (row0, row0); off-diagonal jobs
+// the block_tile x col_tile tile at (row0, col0), col0 >= row0 + block_tile.
+struct FusedJobV2 {
+  int32_t matrix;
+  int32_t row0;      // first Gram row (the A operand's first W row)
+  int32_t col0;      // first Gram column (the B operand's first W row)
+  int32_t diagonal;  // 1: also reduces ||W||_F^2 and max |w| over its rows
+};
+
+// Appends matrix `matrix`'s v2 jobs (Gram side `side`) in order: for each
+// row tile, its diagonal job, then its off-diagonal column tiles.
+void AppendFusedJobsV2(int32_t matrix, int64_t side, const LaunchPolicy& p,
+                       std::vector<FusedJobV2>* jobs);
 
 // The Gram's side for a rows x cols matrix: min(rows, cols).
 int64_t GramSide(int64_t rows, int64_t cols);

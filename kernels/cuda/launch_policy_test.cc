@@ -112,7 +112,74 @@ TEST(LaunchPolicy, PackedRowsAre16ByteAligned) {
 
 TEST(LaunchPolicy, VersionNamesTheKernel) {
   const std::string v = KernelVersion(9, 0);
-  EXPECT_NE(v.find("cuda-fused-v1/sm90"), std::string::npos) << v;
+  EXPECT_NE(v.find("cuda-fused-v2/sm90"), std::string::npos) << v;
+  EXPECT_NE(v.find(kFusedPolicyV2Sm90.name), std::string::npos) << v;
+  EXPECT_NE(v.find(kFusedPolicySm90.name), std::string::npos) << v;
+}
+
+// v2 jobs, with the kernel's 16 x 16 blocks (fused_v2_kernel.cuh: diagonal
+// jobs g >= strip with weight 0/1/2 inside diagonal blocks; off-diagonal
+// jobs 8 x 4 blocks, weight 2), weight every entry of the Gram once.
+TEST(LaunchPolicy, V2JobsWeightEveryGramEntryOnce) {
+  const LaunchPolicy& p = kFusedPolicyV2Sm90;
+  for (int64_t side : {1, 7, 64, 127, 128, 129, 200, 257, 300, 1024}) {
+    std::vector<FusedJobV2> jobs;
+    AppendFusedJobsV2(3, side, p, &jobs);
+    std::vector<int> w(static_cast<size_t>(side * side), 0);
+    for (const FusedJobV2& j : jobs) {
+      EXPECT_EQ(j.matrix, 3);
+      const int rows = p.block_tile, cols = j.diagonal ? p.block_tile : p.col_tile;
+      for (int r = 0; r < rows; ++r) {
+        for (int c = 0; c < cols; ++c) {
+          const int64_t gr = j.row0 + r, gc = j.col0 + c;
+          if (gr >= side || gc >= side) continue;
+          int weight = 2;
+          if (j.diagonal) {
+            if (c / 16 < r / 16) continue;  // blocks below the diagonal
+            weight = r < c ? 2 : (r == c ? 1 : 0);
+          }
+          w[gr * side + gc] += weight;
+        }
+      }
+    }
+    // Symmetric G: entry (i, j), i < j, counts for itself and (j, i).
+    for (int64_t i = 0; i < side; ++i) {
+      for (int64_t j = 0; j < side; ++j) {
+        const int expect = i < j ? 2 : (i == j ? 1 : 0);
+        ASSERT_EQ(w[i * side + j], expect) << "side " << side << " (" << i << ", " << j << ")";
+      }
+    }
+  }
+}
+
+// The kernel's slot table: every 16 x 16 block of a diagonal tile's upper
+// triangle once, at most 5 per warp (mirror of FusedV2Kernel's formula).
+TEST(LaunchPolicy, V2SlotsCoverTheUpperTriangle) {
+  std::vector<int> seen(64, 0);
+  for (int warp = 0; warp < 8; ++warp) {
+    const int p = warp / 2, n0 = 3 - p;
+    int count = 0;
+    for (int s = 0; s < 5; ++s) {
+      int strip, grp;
+      bool act;
+      if (warp % 2 == 0) {
+        strip = p;
+        grp = p + s;
+        act = true;
+      } else {
+        strip = s >= n0 ? 7 - p : p;
+        grp = s < n0 ? p + 5 + s : 7 - p + (s - n0);
+        act = s < 4;
+      }
+      if (!act) continue;
+      ASSERT_LT(grp, 8);
+      ++seen[strip * 8 + grp];
+      ++count;
+    }
+    EXPECT_LE(count, 5);
+  }
+  for (int i = 0; i < 8; ++i)
+    for (int g = 0; g < 8; ++g) EXPECT_EQ(seen[i * 8 + g], g >= i ? 1 : 0) << i << "," << g;
 }
 
 }  // namespace

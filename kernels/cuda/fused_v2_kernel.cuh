@@ -1,0 +1,551 @@
+// The fused PR kernel, version 2 (private to kernels/cuda/), for wide W
+// (rows <= cols, G = W W^T). Tall W still takes v1 (fused_kernel.cuh).
+//
+// Versions (llm.c order; v2 is live for wide W):
+//   v1  WMMA 32 x 32 warp tiles, one block per 128 x 128 Gram tile, 226-254
+//       registers, 1 block per SM (fused_kernel.cuh).
+//   v2  raw mma.sync (m16n8k16 bf16/f16; m16n8k8 tf32 as 3xTF32) fed by
+//       ldmatrix.x4 from padded shared memory (144-byte rows: the 8 rows of
+//       an 8 x 8 ldmatrix hit 8 different 16-byte bank groups), cp.async
+//       16-byte loads into a 4-stage ring of 128-byte K-slices, <= 128
+//       registers (__launch_bounds__(256, 2)): 2 blocks of 8 warps per SM.
+//
+// Work split. A job is either the upper triangle of a 128 x 128 diagonal Gram
+// tile (36 blocks of 16 x 16: 8 row strips x 8 column groups, g >= strip) or
+// a 128 x 64 off-diagonal tile (32 blocks). A warp owns at most 5 such
+// blocks ("slots"), each 2 MMAs of n8 per k-step. Diagonal tile, warp w,
+// pair p = w / 2 (strips p and 7 - p hold 18 blocks together):
+//   w even: strip p, groups p .. p+4;
+//   w odd:  strip p, groups p+5 .. 7, then strip 7-p, groups 7-p .. 7 (4).
+// Off-diagonal tile: warp w = strip w, groups 0..3. Within a 16 x 16 block on
+// the diagonal the entries below it get weight 0, on it 1, above it 2.
+//
+// One fragment load serves both operands: ldmatrix.x4 of 16 W rows x 32
+// bytes of K gives the A fragment {r0..r3} of those rows and the B fragments
+// {r0, r2} (rows 0-7) and {r1, r3} (rows 8-15): B = W^T's columns are W's
+// rows, so the same smem rows feed both (for tf32 too: an 8 x 8 b16 matrix
+// is an 8 x 4 f32 matrix, lane l holding (l / 4, l % 4)).
+//
+// Accuracy guard (as v1): a fresh accumulator per K-slice (4 k-steps), added
+// to the running sums with IEEE round to nearest (__fadd_rn): the tensor
+// cores' accumulation truncates (H200 run 1: 1e-5 of PR with one chain over
+// K = 4096). ||W||_F^2: 16-bit inputs square exactly in f32; each 8-element
+// chunk's f32 sum goes to a float64 sum, unless the chunk's magnitudes could
+// under- or overflow f32 squares (then the chunk is summed in float64); f32
+// inputs are squared in float64 (as v1).
+//
+// Determinism: fixed order everywhere (per lane, xor-shuffle tree, warps in
+// index order; jobs in index order in the finalize kernel); no atomics.
+#ifndef RVD_KERNELS_CUDA_FUSED_V2_KERNEL_CUH_
+#define RVD_KERNELS_CUDA_FUSED_V2_KERNEL_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch_policy.h"
+
+namespace rvd::cuda::fused_v2 {
+
+constexpr int kRowTile = 128;             // Gram rows of a job (A rows)
+constexpr int kColTile = 64;              // Gram columns of an off-diagonal job
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kSliceBytes = 128;          // bytes of each W row per stage
+constexpr int kRowBytes = kSliceBytes + 16;  // padded smem row
+constexpr int kStagesDiag = 6;  // launches of diagonal jobs only
+constexpr int kStagesMixed = 4;  // launches with off-diagonal jobs
+constexpr int kSlots = 5;                 // 16 x 16 Gram blocks per warp
+constexpr int kKSteps = kSliceBytes / 32;  // MMA k-steps per slice
+constexpr int kABytes = kRowTile * kRowBytes;  // 18432
+constexpr int kBBytes = kColTile * kRowBytes;  // 9216
+
+static_assert(kRowTile == kFusedPolicyV2Sm90.block_tile, "policy: block_tile");
+static_assert(kColTile == kFusedPolicyV2Sm90.col_tile, "policy: col_tile");
+static_assert(kWarps == kFusedPolicyV2Sm90.warps, "policy: warps");
+static_assert(16 == kFusedPolicyV2Sm90.warp_tile, "policy: 16 x 16 blocks");
+static_assert(kSliceBytes == kFusedPolicyV2Sm90.k_slice_bytes, "policy: slice");
+static_assert(kStagesDiag == kFusedPolicyV2Sm90.stages, "policy: stages");
+static_assert(kStagesMixed == kFusedPolicyV2Sm90.stages_offdiag, "policy: stages");
+static_assert(kStagesDiag * kABytes <= kStagesMixed * (kABytes + kBBytes),
+              "one shared-memory opt-in for both");
+static_assert(kFusedPolicyV2Sm90.f32_split == 3, "policy: 3xTF32 only");
+static_assert(kFusedPolicyV2Sm90.blocks_per_sm == 2, "policy: 2 blocks/SM");
+static_assert(kRowTile == 8 * 16 && kColTile == 4 * 16, "strips and groups");
+
+template <typename T>
+struct V2Traits;
+template <>
+struct V2Traits<float> {
+  using Bits = uint32_t;
+};
+template <>
+struct V2Traits<__half> {
+  using Bits = uint16_t;
+};
+template <>
+struct V2Traits<__nv_bfloat16> {
+  using Bits = uint16_t;
+};
+
+__device__ __forceinline__ void V2CpAsync16(uint32_t smem, const void* gmem,
+                                            int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem),
+               "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void V2CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void V2CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// d += a * b on the tensor cores, one m16n8 tile.
+template <typename T>
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4],
+                                    uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else if constexpr (std::is_same_v<T, __half>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// d = a * b (a fresh accumulator: C = 0).
+template <typename T>
+__device__ __forceinline__ void MmaZ(float (&d)[4], const uint32_t (&a)[4],
+                                     uint32_t b0, uint32_t b1) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) d[r] = 0.0f;
+  Mma<T>(d, a, b0, b1);
+}
+
+__device__ __forceinline__ uint32_t ToTf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// x = hi + lo, both tf32 (hi: x rounded to tf32; lo: the rest, rounded).
+__device__ __forceinline__ void SplitTf32(const uint32_t (&x)[4],
+                                          uint32_t (&hi)[4],
+                                          uint32_t (&lo)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float f = __uint_as_float(x[i]);
+    hi[i] = ToTf32(f);
+    lo[i] = ToTf32(f - __uint_as_float(hi[i]));
+  }
+}
+
+// One K-slice of kRows W rows (row0 ..) into smem at dst (shared address):
+// 16-byte chunks, 8 per row, chunk c = threadIdx.x + i * kThreads. Elements
+// past the matrix are zero-filled. Rows that are not 16-byte aligned take a
+// scalar path (plain shared stores; ordered by the next __syncthreads).
+template <typename T, int kRows>
+__device__ __forceinline__ void LoadRows(const MatrixDesc& m, int row0, int ks,
+                                         unsigned char* dst) {
+  using Bits = typename V2Traits<T>::Bits;
+  constexpr int kEs = sizeof(T);
+  constexpr int kEpc = 16 / kEs;
+  constexpr int kBK = kSliceBytes / kEs;
+  constexpr int kPer = kRows * 8 / kThreads;
+  static_assert(kRows * 8 % kThreads == 0, "whole chunks per thread");
+  const auto* base = static_cast<const unsigned char*>(m.data);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int c = threadIdx.x + i * kThreads;
+    const int o = c >> 3, q = c & 7;
+    const int64_t go = int64_t{row0} + o;
+    const int64_t gi = int64_t{ks} * kBK + q * kEpc;
+    int valid = 0;
+    if (go < m.rows && gi < m.cols) {
+      valid = static_cast<int>(m.cols - gi < kEpc ? m.cols - gi : kEpc);
+    }
+    const unsigned char* src = valid > 0 ? base + (go * m.ld + gi) * kEs : base;
+    unsigned char* d = dst + o * kRowBytes + q * 16;
+    if (m.aligned) {
+      V2CpAsync16(static_cast<uint32_t>(__cvta_generic_to_shared(d)), src,
+                  valid * kEs);
+    } else {
+      const Bits* s = reinterpret_cast<const Bits*>(src);
+      Bits* dd = reinterpret_cast<Bits*>(d);
+#pragma unroll
+      for (int e = 0; e < kEpc; ++e) dd[e] = e < valid ? s[e] : Bits{0};
+    }
+  }
+}
+
+// ||rows||^2 (float64) and max |w| over this thread's chunks of an A tile
+// (the chunks it loaded; zero fill adds nothing).
+template <typename T>
+__device__ __forceinline__ void RowStats(const unsigned char* tile,
+                                         double* sum, float* mx) {
+#pragma unroll
+  for (int i = 0; i < kRowTile * 8 / kThreads; ++i) {
+    const int c = threadIdx.x + i * kThreads;
+    const uint4 v = *reinterpret_cast<const uint4*>(tile + (c >> 3) * kRowBytes +
+                                                    (c & 7) * 16);
+    if constexpr (std::is_same_v<T, float>) {
+      const float f[4] = {__uint_as_float(v.x), __uint_as_float(v.y),
+                          __uint_as_float(v.z), __uint_as_float(v.w)};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        *sum = fma(static_cast<double>(f[e]), static_cast<double>(f[e]), *sum);
+        *mx = fmaxf(*mx, fabsf(f[e]));
+      }
+    } else {
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      float f[8];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+          f[2 * e] = __uint_as_float(w[e] << 16);
+          f[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+        } else {
+          f[2 * e] = __half2float(__ushort_as_half(
+              static_cast<unsigned short>(w[e] & 0xffffu)));
+          f[2 * e + 1] = __half2float(
+              __ushort_as_half(static_cast<unsigned short>(w[e] >> 16)));
+        }
+      }
+      float s = 0.0f, cm = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        s = fmaf(f[e], f[e], s);  // exact products (8- or 11-bit mantissas)
+        cm = fmaxf(cm, fabsf(f[e]));
+      }
+      // f32 squares can underflow (|w| < 2^-63) or overflow; NaN/Inf fail
+      // the test too and are summed in float64 (where they propagate).
+      if (cm == 0.0f || (s >= 0x1p-90f && s <= 0x1p120f)) {
+        *sum += static_cast<double>(s);
+      } else {
+        double d = 0.0;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          d = fma(static_cast<double>(f[e]), static_cast<double>(f[e]), d);
+        }
+        *sum += d;
+      }
+      *mx = fmaxf(*mx, cm);
+    }
+  }
+}
+
+// Probe flags (kProbe instances only, for the benchmark's --probe
+// experiments; the product's instances compile them out).
+enum ProbeFlags : int {
+  kProbeNoMma = 1,    // skip the ldmatrix/MMA work
+  kProbeNoLoads = 2,  // load only the prologue's slices
+  kProbeRotate = 4,   // start each block at a different K-slice
+};
+
+template <typename T, bool kMutant, int kStages, bool kProbe = false>
+__global__ void __launch_bounds__(kThreads, 2)
+    FusedV2Kernel(const MatrixDesc* __restrict__ mats,
+                  const FusedJobV2* __restrict__ jobs, int stage_bytes,
+                  double* __restrict__ g2, double* __restrict__ trace,
+                  float* __restrict__ maxabs, int probe, int splits) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr bool kTf32 = std::is_same_v<T, float>;
+  constexpr int kBK = kSliceBytes / static_cast<int>(sizeof(T));
+  const int job_index = kProbe ? static_cast<int>(blockIdx.x) / splits
+                               : static_cast<int>(blockIdx.x);
+  const FusedJobV2 job = jobs[job_index];
+  const MatrixDesc m = mats[job.matrix];
+  const bool diag = job.diagonal != 0;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+  // This warp's strips and slots (see the header comment).
+  int strip0, strip1;
+  int grp[kSlots];
+  bool use1[kSlots], act[kSlots];
+  if (diag) {
+    const int p = warp >> 1;
+    strip0 = p;
+    strip1 = 7 - p;
+    const bool odd = (warp & 1) != 0;
+    const int n0 = 3 - p;  // odd warps: strip p's slots
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      if (!odd) {
+        grp[s] = p + s;
+        use1[s] = false;
+        act[s] = true;
+      } else {
+        use1[s] = s >= n0;
+        grp[s] = s < n0 ? p + 5 + s : 7 - p + (s - n0);
+        act[s] = s < 4;
+      }
+    }
+  } else {
+    strip0 = warp;
+    strip1 = warp;
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      grp[s] = s;
+      use1[s] = false;
+      act[s] = s < 4;
+    }
+  }
+  const bool has1 = diag && (warp & 1) != 0;
+  // Skip blocks wholly past the Gram's side (zero rows add nothing).
+  const int vr = m.n - job.row0, vc = m.n - job.col0;
+  bool any = false;
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    act[s] = act[s] && 16 * (use1[s] ? strip1 : strip0) < vr && 16 * grp[s] < vc;
+    any |= act[s];
+  }
+
+  const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int lrow = lane & 15, lbyte = (lane >> 4) * 16;
+  const uint32_t a0_off = (16 * strip0 + lrow) * kRowBytes + lbyte;
+  const uint32_t a1_off = (16 * strip1 + lrow) * kRowBytes + lbyte;
+  uint32_t b_off[kSlots];
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    // The mutant reads the row strip's rows as the column group: one wrong
+    // index (masked into the B tile).
+    const int bg = kMutant ? ((use1[s] ? strip1 : strip0) & (diag ? 7 : 3)) : grp[s];
+    b_off[s] = (16 * bg + lrow) * kRowBytes + lbyte;
+  }
+
+  float acc[kSlots][2][4];
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[s][h][r] = 0.0f;
+
+  double tsum = 0.0;
+  float tmax = 0.0f;
+  int nks = (m.k + kBK - 1) / kBK;
+  int first = 0, rot = 0;
+  if constexpr (kProbe) {
+    const int split = static_cast<int>(blockIdx.x) % splits;
+    first = split * nks / splits;
+    nks = (split + 1) * nks / splits - first;
+    if ((probe & kProbeRotate) && nks > 0) rot = (job_index * 5 + split) % nks;
+  }
+  // Slice i of this block: K-slice first + (i + rot) mod nks.
+  auto load = [&](int i) {
+    unsigned char* st = smem + (i % kStages) * stage_bytes;
+    const int ks = kProbe ? first + (i + rot) % nks : i;
+    LoadRows<T, kRowTile>(m, job.row0, ks, st);
+    if (!diag) LoadRows<T, kColTile>(m, job.col0, ks, st + kABytes);
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < nks) load(s);
+    V2CpAsyncCommit();
+  }
+
+  for (int ks = 0; ks < nks; ++ks) {
+    V2CpAsyncWait<kStages - 2>();
+    __syncthreads();  // slice ks landed; slice ks - 1's stage is free
+    if (ks + kStages - 1 < nks && !(kProbe && (probe & kProbeNoLoads))) {
+      load(ks + kStages - 1);
+    }
+    V2CpAsyncCommit();
+
+    const int st = (ks % kStages) * stage_bytes;
+    if (diag) RowStats<T>(smem + st, &tsum, &tmax);
+    if (!any || (kProbe && (probe & kProbeNoMma))) continue;
+    const uint32_t a_base = sbase + st;
+    const uint32_t b_base = diag ? a_base : a_base + kABytes;
+
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      // All of this k-step's fragments first (independent loads in flight),
+      // then the MMAs: each MMA starts a fresh accumulator (C = 0) whose
+      // result is added to acc with round to nearest, so no MMA waits on
+      // another and the tensor cores never accumulate across k-steps.
+      uint32_t a0[4], a1[4], b[kSlots][4];
+      Ldsm4(a0, a_base + a0_off + kk * 32);
+      if (has1) {
+        Ldsm4(a1, a_base + a1_off + kk * 32);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a1[i] = a0[i];
+      }
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) {
+        if (act[s]) Ldsm4(b[s], b_base + b_off[s] + kk * 32);
+      }
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) {
+        if (!act[s]) continue;
+        float p[2][4];
+        if constexpr (kTf32) {
+          uint32_t ah[4], al[4], bh[4], bl[4], t[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) t[i] = use1[s] ? a1[i] : a0[i];
+          SplitTf32(t, ah, al);
+          SplitTf32(b[s], bh, bl);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            // Small products first (as v1): lo*hi, hi*lo, hi*hi.
+            MmaZ<T>(p[h], al, bh[h], bh[h + 2]);
+            Mma<T>(p[h], ah, bl[h], bl[h + 2]);
+            Mma<T>(p[h], ah, bh[h], bh[h + 2]);
+          }
+        } else {
+          uint32_t a[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a[i] = use1[s] ? a1[i] : a0[i];
+          MmaZ<T>(p[0], a, b[s][0], b[s][2]);
+          MmaZ<T>(p[1], a, b[s][1], b[s][3]);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[s][h][r] = __fadd_rn(acc[s][h][r], p[h][r]);
+      }
+    }
+  }
+  V2CpAsyncWait<0>();
+
+  // Weighted sum of squares of this warp's entries. C fragment: c0, c1 at
+  // (lane / 4, 2 (lane % 4) + {0, 1}), c2, c3 eight rows below.
+  double sacc = 0.0;
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    if (!act[s]) continue;
+    const int row = 16 * (use1[s] ? strip1 : strip0) + (lane >> 2);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int rr = row + 8 * (r >> 1);
+        const int cc = 16 * grp[s] + 8 * h + 2 * (lane & 3) + (r & 1);
+        // Diagonal jobs: row0 == col0, so local indices compare as global.
+        const double w = !diag ? 2.0 : (rr < cc ? 2.0 : (rr == cc ? 1.0 : 0.0));
+        const double v = acc[s][h][r];
+        sacc = fma(w * v, v, sacc);
+      }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    sacc += __shfl_xor_sync(0xffffffffu, sacc, off);
+    tsum += __shfl_xor_sync(0xffffffffu, tsum, off);
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+  }
+  __shared__ double red_s[kWarps], red_t[kWarps];
+  __shared__ float red_m[kWarps];
+  if (lane == 0) {
+    red_s[warp] = sacc;
+    red_t[warp] = tsum;
+    red_m[warp] = tmax;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double bs = 0.0, bt = 0.0;
+    float bm = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      bs += red_s[w];
+      bt += red_t[w];
+      bm = fmaxf(bm, red_m[w]);
+    }
+    g2[blockIdx.x] = bs;
+    trace[blockIdx.x] = bt;
+    maxabs[blockIdx.x] = bm;
+  }
+}
+
+template <typename T, bool kMutant>
+cudaError_t LaunchFusedV2T(const MatrixDesc* mats, const FusedJobV2* jobs,
+                           int num_jobs, bool any_offdiagonal, double* g2,
+                           double* trace, float* maxabs, cudaStream_t stream) {
+  if (num_jobs <= 0) return cudaSuccess;
+  const int stage_bytes = any_offdiagonal ? kABytes + kBBytes : kABytes;
+  const int smem = (any_offdiagonal ? kStagesMixed : kStagesDiag) * stage_bytes;
+  auto* kernel = any_offdiagonal ? FusedV2Kernel<T, kMutant, kStagesMixed>
+                                 : FusedV2Kernel<T, kMutant, kStagesDiag>;
+  // Above 48 KB needs the opt-in; and the whole carveout as shared memory so
+  // that two blocks of 108 KB fit an SM. Cheap, per device: set every time.
+  cudaError_t e = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                           cudaSharedmemCarveoutMaxShared);
+  if (e != cudaSuccess) return e;
+  kernel<<<num_jobs, kThreads, smem, stream>>>(mats, jobs, stage_bytes, g2,
+                                               trace, maxabs, 0, 1);
+  return cudaGetLastError();
+}
+
+// The benchmark's probe: bf16 v2 with the probe flags and `splits` blocks
+// per job (each a contiguous 1/splits of K; outputs per block, not summed:
+// timing only).
+inline cudaError_t LaunchFusedV2ProbeBf16(const MatrixDesc* mats,
+                                          const FusedJobV2* jobs, int num_jobs,
+                                          bool any_offdiagonal, double* g2,
+                                          double* trace, float* maxabs,
+                                          int probe, int splits,
+                                          cudaStream_t stream) {
+  if (num_jobs <= 0 || splits < 1) return cudaSuccess;
+  const int stage_bytes = any_offdiagonal ? kABytes + kBBytes : kABytes;
+  const int smem = (any_offdiagonal ? kStagesMixed : kStagesDiag) * stage_bytes;
+  auto* kernel = any_offdiagonal
+                     ? FusedV2Kernel<__nv_bfloat16, false, kStagesMixed, true>
+                     : FusedV2Kernel<__nv_bfloat16, false, kStagesDiag, true>;
+  cudaError_t e = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                           cudaSharedmemCarveoutMaxShared);
+  if (e != cudaSuccess) return e;
+  kernel<<<num_jobs * splits, kThreads, smem, stream>>>(
+      mats, jobs, stage_bytes, g2, trace, maxabs, probe, splits);
+  return cudaGetLastError();
+}
+
+template <bool kMutant>
+cudaError_t LaunchFusedV2Dispatch(DType dtype, const MatrixDesc* mats,
+                                  const FusedJobV2* jobs, int num_jobs,
+                                  bool any_offdiagonal, double* g2,
+                                  double* trace, float* maxabs,
+                                  cudaStream_t stream) {
+  switch (dtype) {
+    case DType::kF32:
+      return LaunchFusedV2T<float, kMutant>(mats, jobs, num_jobs,
+                                            any_offdiagonal, g2, trace, maxabs,
+                                            stream);
+    case DType::kF16:
+      return LaunchFusedV2T<__half, kMutant>(mats, jobs, num_jobs,
+                                             any_offdiagonal, g2, trace,
+                                             maxabs, stream);
+    case DType::kBF16:
+      return LaunchFusedV2T<__nv_bfloat16, kMutant>(
+          mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace rvd::cuda::fused_v2
+
+#endif  // RVD_KERNELS_CUDA_FUSED_V2_KERNEL_CUH_
