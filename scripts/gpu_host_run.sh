@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Runs ON the GPU host (H200, Ubuntu 24.04), from the repository root, with a
-# tree prebuilt on Debian 12 (build/, with build/gpu-libs from
-# scripts/bundle_libs.sh). Writes everything under $OUT (default ./gpu-out):
-#   ctest.log        ctest -L gpu (the CUDA engine's tests)
-#   gpu_bench.json   rvd_bench_gpu --json; gpu_bench.log its table
-#   torch_peers.*    bench/torch_peers.py, the PyTorch peers, same run
-#   env.txt          nvidia-smi, library paths
-# Exit status: non-zero if any step failed (all steps still run).
+# Runs ON the GPU host (the H200, Ubuntu 24.04), from the repository root,
+# with a build staged by scripts/gpu_stage.sh and unpacked:
+#   tar xzf gpu-stage.tgz && scripts/gpu_host_run.sh gpu-stage
+# Everything side by side in one call, logs and JSON under $OUT:
+#   env.txt                   nvidia-smi, library resolution of the module
+#   cuda_engine_test.log      the CUDA engine's GPU tests (ctest label gpu)
+#   integration_gpu.log       rvd + librvd_cuda.so driven by rvctl (label gpu)
+#   gpu_bench.{json,log}      rvd_bench_gpu: validation, then timings
+#   e2e_gpu.{json,log}        a copy-mode measurement through the daemon
+#   torch_peers.{json,log}    the PyTorch peers (bench/torch_peers.py)
+# Exit status: non-zero if any step failed (every step still runs).
 set -uo pipefail
-build="${BUILD_DIR:-build}"
+stage="${1:-gpu-stage}"
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 
@@ -20,24 +23,30 @@ if [[ -z "$cuda_lib" ]]; then
   p="$(ldconfig -p 2>/dev/null | awk '/libcublas\.so/ {print $NF; exit}')"
   [[ -n "$p" ]] && cuda_lib="$(dirname "$p")"
 fi
-export LD_LIBRARY_PATH="$PWD/$build/gpu-libs${cuda_lib:+:$cuda_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$PWD/$stage/gpu-libs${cuda_lib:+:$cuda_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PYTHONUNBUFFERED=1 RVD_BUILD_DIR="$PWD/$stage"
 
 {
   date -u
   nvidia-smi || true
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-  ldd "$build/lib/librvd_cuda.so" 2>&1 | grep -E "not found|cublas|cusolver" || true
+  ldd "$stage/lib/librvd_cuda.so" 2>&1 | grep -E "not found|cublas|cusolver" || true
 } > "$OUT/env.txt" 2>&1
 
 rc=0
-ctest --test-dir "$build" -L gpu --output-on-failure 2>&1 | tee "$OUT/ctest.log"
-[[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
-
-"$build/bin/rvd_bench_gpu" --json "$OUT/gpu_bench.json" 2>&1 | tee "$OUT/gpu_bench.log"
-[[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
-
-PYTHONUNBUFFERED=1 python3 bench/torch_peers.py > "$OUT/torch_peers.json" 2> "$OUT/torch_peers.log"
-[[ $? -eq 0 ]] || rc=1
+step() {  # step NAME TIMEOUT_S COMMAND...: runs, logs to $OUT/NAME.log
+  local name=$1 limit=$2; shift 2
+  echo "== $name"
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local status=$?
+  tail -n 4 "$OUT/$name.log"
+  [[ $status -eq 0 ]] || { echo "!! $name failed ($status)"; rc=1; }
+}
+step cuda_engine_test 180 "$stage/bin/cuda_engine_test"
+step integration_gpu 180 python3 -m pytest -q -p no:cacheprovider tests/gpu
+step gpu_bench 240 "$stage/bin/rvd_bench_gpu" --json "$OUT/gpu_bench.json"
+step e2e_gpu 180 python3 bench/e2e_gpu.py --rounds 5
+step torch_peers 240 bash -c "python3 bench/torch_peers.py > '$OUT/torch_peers.json'"
 cat "$OUT/torch_peers.json"
-
+grep -h '^{' "$OUT/e2e_gpu.log" > "$OUT/e2e_gpu.json" || true
 exit $rc
