@@ -7,8 +7,10 @@
 //   v2  raw mma.sync (m16n8k16 bf16/f16; m16n8k8 tf32 as 3xTF32) fed by
 //       ldmatrix.x4 from padded shared memory (144-byte rows: the 8 rows of
 //       an 8 x 8 ldmatrix hit 8 different 16-byte bank groups), cp.async
-//       16-byte loads into a 4-stage ring of 128-byte K-slices, <= 128
-//       registers (__launch_bounds__(256, 2)): 2 blocks of 8 warps per SM.
+//       16-byte loads into a ring of 128-byte K-slices (6 stages when a
+//       launch has diagonal jobs only, 4 with off-diagonal ones: 108 KB
+//       either way), <= 128 registers (__launch_bounds__(256, 2)): 2 blocks
+//       of 8 warps per SM. H200 numbers: NOTES.md.
 //
 // Work split. A job is either the upper triangle of a 128 x 128 diagonal Gram
 // tile (36 blocks of 16 x 16: 8 row strips x 8 column groups, g >= strip) or
@@ -26,10 +28,11 @@
 // rows, so the same smem rows feed both (for tf32 too: an 8 x 8 b16 matrix
 // is an 8 x 4 f32 matrix, lane l holding (l / 4, l % 4)).
 //
-// Accuracy guard (as v1): a fresh accumulator per K-slice (4 k-steps), added
-// to the running sums with IEEE round to nearest (__fadd_rn): the tensor
-// cores' accumulation truncates (H200 run 1: 1e-5 of PR with one chain over
-// K = 4096). ||W||_F^2: 16-bit inputs square exactly in f32; each 8-element
+// Accuracy guard (v1's, made stricter): every MMA starts a fresh
+// accumulator (C = 0; for 3xTF32 the chain of its 3 products), added to the
+// running f32 sums with IEEE round to nearest (__fadd_rn): the tensor cores'
+// accumulation truncates (H200 run 1: 1e-5 of PR with one chain over
+// K = 4096; v1 restarted every 4 k-steps). ||W||_F^2: 16-bit inputs square exactly in f32; each 8-element
 // chunk's f32 sum goes to a float64 sum, unless the chunk's magnitudes could
 // under- or overflow f32 squares (then the chunk is summed in float64); f32
 // inputs are squared in float64 (as v1).
@@ -239,7 +242,8 @@ __device__ __forceinline__ void RowStats(const unsigned char* tile,
       }
       // f32 squares can underflow (|w| < 2^-63) or overflow; NaN/Inf fail
       // the test too and are summed in float64 (where they propagate).
-      if (cm == 0.0f || (s >= 0x1p-90f && s <= 0x1p120f)) {
+      const bool fast = cm == 0.0f || (s >= 0x1p-90f && s <= 0x1p120f);
+      if (__builtin_expect(fast, 1)) {
         *sum += static_cast<double>(s);
       } else {
         double d = 0.0;
@@ -250,6 +254,54 @@ __device__ __forceinline__ void RowStats(const unsigned char* tile,
         *sum += d;
       }
       *mx = fmaxf(*mx, cm);
+    }
+  }
+}
+
+// One K-slice of MMAs for the first kS slots: per k-step all fragments
+// first (independent loads in flight), then the MMAs. Each MMA starts a
+// fresh accumulator (C = 0) whose result is added to acc with round to
+// nearest, so no MMA waits on another and the tensor cores never accumulate
+// across k-steps.
+template <typename T, int kS>
+__device__ __forceinline__ void SliceMma(uint32_t a_base, uint32_t a0_off,
+                                         uint32_t a1_off, uint32_t b_base,
+                                         const uint32_t (&b_off)[kSlots],
+                                         const bool (&use1)[kSlots],
+                                         float (&acc)[kSlots][2][4]) {
+  constexpr bool kTf32 = std::is_same_v<T, float>;
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    uint32_t a0[4], a1[4], b[kS][4];
+    Ldsm4(a0, a_base + a0_off + kk * 32);
+    Ldsm4(a1, a_base + a1_off + kk * 32);
+#pragma unroll
+    for (int s = 0; s < kS; ++s) Ldsm4(b[s], b_base + b_off[s] + kk * 32);
+#pragma unroll
+    for (int s = 0; s < kS; ++s) {
+      float p[2][4];
+      uint32_t a[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = use1[s] ? a1[i] : a0[i];
+      if constexpr (kTf32) {
+        uint32_t ah[4], al[4], bh[4], bl[4];
+        SplitTf32(a, ah, al);
+        SplitTf32(b[s], bh, bl);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          // Small products first (as v1): lo*hi, hi*lo, hi*hi.
+          MmaZ<T>(p[h], al, bh[h], bh[h + 2]);
+          Mma<T>(p[h], ah, bl[h], bl[h + 2]);
+          Mma<T>(p[h], ah, bh[h], bh[h + 2]);
+        }
+      } else {
+        MmaZ<T>(p[0], a, b[s][0], b[s][2]);
+        MmaZ<T>(p[1], a, b[s][1], b[s][3]);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[s][h][r] = __fadd_rn(acc[s][h][r], p[h][r]);
     }
   }
 }
@@ -310,6 +362,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       act[s] = s < 4;
     }
   }
+
   const bool has1 = diag && (warp & 1) != 0;
   // Skip blocks wholly past the Gram's side (zero rows add nothing).
   const int vr = m.n - job.row0, vc = m.n - job.col0;
@@ -328,9 +381,10 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
     // The mutant reads the row strip's rows as the column group: one wrong
-    // index (masked into the B tile).
+    // index (masked into the B tile). Inactive slots read group 0 (a valid
+    // address; their sums are left out).
     const int bg = kMutant ? ((use1[s] ? strip1 : strip0) & (diag ? 7 : 3)) : grp[s];
-    b_off[s] = (16 * bg + lrow) * kRowBytes + lbyte;
+    b_off[s] = (16 * (act[s] ? bg : 0) + lrow) * kRowBytes + lbyte;
   }
 
   float acc[kSlots][2][4];
@@ -378,52 +432,64 @@ __global__ void __launch_bounds__(kThreads, 2)
     const uint32_t a_base = sbase + st;
     const uint32_t b_base = diag ? a_base : a_base + kABytes;
 
+    if constexpr (kStages == kStagesDiag) {
+      // Diagonal-only launches: per-slot branches (H200, 2026-11-29: 0.398
+      // ms for 480 x 128x4096 bf16, against 0.418 with SliceMma).
 #pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) {
-      // All of this k-step's fragments first (independent loads in flight),
-      // then the MMAs: each MMA starts a fresh accumulator (C = 0) whose
-      // result is added to acc with round to nearest, so no MMA waits on
-      // another and the tensor cores never accumulate across k-steps.
-      uint32_t a0[4], a1[4], b[kSlots][4];
-      Ldsm4(a0, a_base + a0_off + kk * 32);
-      if (has1) {
-        Ldsm4(a1, a_base + a1_off + kk * 32);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a1[i] = a0[i];
-      }
-#pragma unroll
-      for (int s = 0; s < kSlots; ++s) {
-        if (act[s]) Ldsm4(b[s], b_base + b_off[s] + kk * 32);
-      }
-#pragma unroll
-      for (int s = 0; s < kSlots; ++s) {
-        if (!act[s]) continue;
-        float p[2][4];
-        if constexpr (kTf32) {
-          uint32_t ah[4], al[4], bh[4], bl[4], t[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) t[i] = use1[s] ? a1[i] : a0[i];
-          SplitTf32(t, ah, al);
-          SplitTf32(b[s], bh, bl);
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            // Small products first (as v1): lo*hi, hi*lo, hi*hi.
-            MmaZ<T>(p[h], al, bh[h], bh[h + 2]);
-            Mma<T>(p[h], ah, bl[h], bl[h + 2]);
-            Mma<T>(p[h], ah, bh[h], bh[h + 2]);
-          }
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        // All of this k-step's fragments first (independent loads in flight),
+        // then the MMAs: each MMA starts a fresh accumulator (C = 0) whose
+        // result is added to acc with round to nearest, so no MMA waits on
+        // another and the tensor cores never accumulate across k-steps.
+        uint32_t a0[4], a1[4], b[kSlots][4];
+        Ldsm4(a0, a_base + a0_off + kk * 32);
+        if (has1) {
+          Ldsm4(a1, a_base + a1_off + kk * 32);
         } else {
-          uint32_t a[4];
 #pragma unroll
-          for (int i = 0; i < 4; ++i) a[i] = use1[s] ? a1[i] : a0[i];
-          MmaZ<T>(p[0], a, b[s][0], b[s][2]);
-          MmaZ<T>(p[1], a, b[s][1], b[s][3]);
+          for (int i = 0; i < 4; ++i) a1[i] = a0[i];
         }
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+        for (int s = 0; s < kSlots; ++s) {
+          if (act[s]) Ldsm4(b[s], b_base + b_off[s] + kk * 32);
+        }
 #pragma unroll
-          for (int r = 0; r < 4; ++r) acc[s][h][r] = __fadd_rn(acc[s][h][r], p[h][r]);
+        for (int s = 0; s < kSlots; ++s) {
+          if (!act[s]) continue;
+          float p[2][4];
+          if constexpr (kTf32) {
+            uint32_t ah[4], al[4], bh[4], bl[4], t[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) t[i] = use1[s] ? a1[i] : a0[i];
+            SplitTf32(t, ah, al);
+            SplitTf32(b[s], bh, bl);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              // Small products first (as v1): lo*hi, hi*lo, hi*hi.
+              MmaZ<T>(p[h], al, bh[h], bh[h + 2]);
+              Mma<T>(p[h], ah, bl[h], bl[h + 2]);
+              Mma<T>(p[h], ah, bh[h], bh[h + 2]);
+            }
+          } else {
+            uint32_t a[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[i] = use1[s] ? a1[i] : a0[i];
+            MmaZ<T>(p[0], a, b[s][0], b[s][2]);
+            MmaZ<T>(p[1], a, b[s][1], b[s][3]);
+          }
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[s][h][r] = __fadd_rn(acc[s][h][r], p[h][r]);
+        }
+      }
+    } else {
+      // Launches with off-diagonal jobs: SliceMma (H200, 2026-11-29: 1.03 ms
+      // for 32 x 1024x4096 bf16, against 1.36 with per-slot branches).
+      if (diag) {
+        SliceMma<T, kSlots>(a_base, a0_off, a1_off, b_base, b_off, use1, acc);
+      } else {
+        SliceMma<T, 4>(a_base, a0_off, a1_off, b_base, b_off, use1, acc);
       }
     }
   }

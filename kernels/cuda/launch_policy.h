@@ -57,27 +57,29 @@ inline constexpr LaunchPolicy kFusedPolicySm90{"fused-v1-bt128w8s4", 128, 8, 32,
                                                128, 4, 3};
 
 // v2 (fused_v2_kernel.cuh), wide W (rows <= cols) on sm_80 and newer; tuned
-// for sm_90 (H200). Values and where they came from:
+// for sm_90 (H200). Values and where they came from (H200 numbers: this
+// session's rvd_bench_gpu runs of 2026-11-29, kernel alone, steady clocks;
+// NOTES.md has the table):
 //   block_tile 128, col_tile 64: a diagonal job is the upper triangle of a
 //     128 x 128 Gram tile (one 128 x 4096 matrix: one job, W read once); an
 //     off-diagonal job is 128 x 64, so that a warp holds at most 5 blocks of
-//     16 x 16 (40 accumulator + 40 per-slice registers) and the kernel fits
-//     128 registers: 2 blocks per SM.
+//     16 x 16 (40 f32 accumulators) and the kernel fits 128 registers.
 //   warps 8, warp_tile 16: 36 blocks of 16 x 16 per diagonal tile (56% of
-//     the square's MMAs, v1's 32 x 32 tiles needed 62.5%), 4 or 5 per warp.
+//     the square's MMAs; v1's 32 x 32 tiles needed 62.5%), 4 or 5 per warp.
 //   k_slice_bytes 128: 4 k-steps of 32 bytes per stage, as v1. Each MMA
 //     starts a fresh accumulator, added to the running f32 sums with round
 //     to nearest (a stricter form of v1's per-slice guard against the
-//     tensor cores' truncating accumulation, H200 run 1).
+//     tensor cores' truncating accumulation, H200 run 1): max rel error
+//     4e-8 (bf16), 2.8e-7 (f32) against v1's 1.8e-7 / 5.4e-7.
 //   stages 6 (diagonal-only launches: 6 x 18 KB) / stages_offdiag 4 (27 KB
-//     stages): 108 KB of shared memory per block either way, 2 blocks per
-//     SM. H200, 2026-11-29, 4-stage version, kernel alone: 480 x 128x4096
-//     bf16 loads + row statistics without MMAs took 0.31 ms (1.6 TB/s): the
-//     ring was too shallow, hence 5 slices in flight in the diagonal case.
-//   blocks_per_sm 2: 256 threads x 128 registers x 2 = the register file.
+//     stages): 108 KB of shared memory per block either way. Measured: with
+//     4 stages, loads + row statistics alone (no MMAs) of 480 x 128x4096
+//     bf16 took 0.31 ms; with 6, 0.16 ms; whole kernel 0.54 -> 0.40 ms.
+//   blocks_per_sm 2: 256 threads x 128 registers x 2 = the register file
+//     (v1: 226-254 registers, 1 block). ncu on the 480 bf16 launch: 3.6
+//     active warps and 0.62 issued instructions per scheduler per cycle,
+//     top stall a fixed-latency dependency: issue- and latency-bound.
 //   f32_split 3: 3xTF32 as v1.
-// The H200 measurements of this policy are in NOTES.md and bench/RESULTS.md
-// ("GPU engine (H200)").
 inline constexpr LaunchPolicy kFusedPolicyV2Sm90{
     "fused-v2-bt128x64w8s6b2", 128, 8, 16, 128, 6, 3, 64, 2, 4};
 
