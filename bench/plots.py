@@ -6,7 +6,8 @@ Pareto plot, as PNG (matplotlib; Debian: python3-matplotlib).
 Roofline: each timed case at its arithmetic intensity (Gram FLOPs of the
 upper triangle over the bytes of W, read once) against the measured copy
 ceiling and the bf16 tensor-core rate. Pareto: relative error vs time for
-the exact variants (max error of validation) and the estimators (mean error).
+the exact variants (max error of validation), the torch peers, and the
+estimators (mean error) where the JSON times them.
 """
 import argparse
 import json
@@ -53,7 +54,7 @@ def roofline(bench, torch, out):
     fig.savefig(out / "roofline.png", dpi=130)
 
 
-def pareto(bench, out):
+def pareto(bench, torch, out):
     fig, ax = plt.subplots(figsize=(10, 5))
     case = next((t for t in bench["timing"] if t["batch"] == 480 and t["dtype"] == "f32"), None)
     if case:
@@ -61,6 +62,9 @@ def pareto(bench, out):
             if v["batch"] == 480 and v["dtype"] == "f32" and v["variant"] in ("fused", "algebraic"):
                 ms = case["kernel_ms"] if v["variant"] == "fused" else case["algebraic_call_ms"]
                 ax.scatter(ms, max(v["max_rel_err"], 1e-12), marker="o", label=f"{v['variant']} (max)")
+    for key, val in (torch or {}).items():
+        if isinstance(val, dict) and "max_rel_err" in val:
+            ax.scatter(val["ms"], val["max_rel_err"], marker="x", label=f"torch {key} (max)")
     for e in bench.get("estimators", []):
         if "ms" in e:
             ax.scatter(e["ms"], e["mean_rel_err"], marker="^",
@@ -86,7 +90,7 @@ def main():
     torch = json.loads(pathlib.Path(args.torch).read_text()) if args.torch else None
     out = pathlib.Path(args.out)
     roofline(bench, torch, out)
-    pareto(bench, out)
+    pareto(bench, torch, out)
     print(f"wrote {out / 'roofline.png'} and {out / 'pareto.png'}")
 
 
