@@ -2,6 +2,7 @@
 Python gRPC client. Every PR is checked against a float64 SVD oracle."""
 import json
 import math
+import select
 import signal
 import subprocess
 import threading
@@ -138,9 +139,15 @@ def test_rvctl_watch_sees_new_measurements(daemon, tmp_path):
                                 "watch", "watched", "--json"],
                                stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.5)
-        daemon.rvctl("measure", tmp_path / "w", "--model-id", "other")
-        daemon.rvctl("measure", tmp_path / "w", "--model-id", "watched", "--step", 42)
+        # The watcher subscribes asynchronously: measure until it reports
+        # (another model's measurement must never show up in its stream).
+        for attempt in range(20):
+            daemon.rvctl("measure", tmp_path / "w", "--model-id", "other")
+            daemon.rvctl("measure", tmp_path / "w", "--model-id", "watched",
+                         "--step", 42)
+            ready, _, _ = select.select([watcher.stdout], [], [], 1.0)
+            if ready:
+                break
         line = watcher.stdout.readline()
         assert json.loads(line)["model_id"] == "watched"
         assert json.loads(line)["step"] == 42
