@@ -18,123 +18,12 @@
 #include "kernels/dtype_convert.h"
 #include "kernels/engine.h"
 #include "kernels/pr_check.h"
+#include "kernels/test_matrices.h"
 
 namespace rvd {
 namespace {
 
 using ::testing::HasSubstr;
-
-enum class Spectrum { kFlat, kPowerLaw, kRankOne, kGaussian };
-
-const char* SpectrumName(Spectrum s) {
-  switch (s) {
-    case Spectrum::kFlat:
-      return "flat";
-    case Spectrum::kPowerLaw:
-      return "powerlaw";
-    case Spectrum::kRankOne:
-      return "rank1";
-    case Spectrum::kGaussian:
-      return "gaussian";
-  }
-  return "?";
-}
-
-// Columns of a (n x k, row-major) made orthonormal by modified Gram-Schmidt,
-// run twice for stability.
-void OrthonormalizeColumns(std::vector<double>& a, int64_t n, int64_t k) {
-  for (int64_t c = 0; c < k; ++c) {
-    for (int pass = 0; pass < 2; ++pass) {
-      for (int64_t p = 0; p < c; ++p) {
-        double dot = 0;
-        for (int64_t i = 0; i < n; ++i) dot += a[i * k + p] * a[i * k + c];
-        for (int64_t i = 0; i < n; ++i) a[i * k + c] -= dot * a[i * k + p];
-      }
-    }
-    double nn = 0;
-    for (int64_t i = 0; i < n; ++i) nn += a[i * k + c] * a[i * k + c];
-    nn = std::sqrt(nn);
-    for (int64_t i = 0; i < n; ++i) a[i * k + c] /= nn;
-  }
-}
-
-// A rows x cols matrix (row-major, double) with the given spectrum.
-std::vector<double> MakeMatrix(std::mt19937_64& rng, int64_t rows, int64_t cols,
-                               Spectrum spec) {
-  std::normal_distribution<double> normal;
-  std::vector<double> w(static_cast<size_t>(rows * cols));
-  const double scale =
-      std::exp(std::uniform_real_distribution<double>(-2, 2)(rng));
-  if (spec == Spectrum::kGaussian) {
-    for (double& x : w) x = scale * normal(rng);
-    return w;
-  }
-  if (spec == Spectrum::kRankOne) {
-    std::vector<double> u(rows), v(cols);
-    for (double& x : u) x = normal(rng);
-    for (double& x : v) x = normal(rng);
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t j = 0; j < cols; ++j) w[i * cols + j] = scale * u[i] * v[j];
-    return w;
-  }
-  const int64_t k = std::min(rows, cols);
-  std::vector<double> u(static_cast<size_t>(rows * k)),
-      v(static_cast<size_t>(cols * k));
-  for (double& x : u) x = normal(rng);
-  for (double& x : v) x = normal(rng);
-  OrthonormalizeColumns(u, rows, k);
-  OrthonormalizeColumns(v, cols, k);
-  std::vector<double> s(static_cast<size_t>(k));
-  for (int64_t i = 0; i < k; ++i) {
-    s[i] = spec == Spectrum::kFlat ? 1.0
-                                   : std::pow(static_cast<double>(i + 1), -0.7);
-  }
-  // Entries of an orthonormal factor are ~ 1/sqrt(dim): scale back to O(1).
-  const double amp =
-      scale * std::sqrt(static_cast<double>(std::max(rows, cols)));
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < cols; ++j) {
-      double acc = 0;
-      for (int64_t c = 0; c < k; ++c) acc += u[i * k + c] * s[c] * v[j * k + c];
-      w[i * cols + j] = amp * acc;
-    }
-  }
-  return w;
-}
-
-// Owns the storage of a MatrixView in a dtype, with ld >= cols. The padding
-// between rows is NaN, so an engine that reads it fails loudly.
-struct Stored {
-  std::vector<uint8_t> bytes;
-  MatrixView view;
-  std::string label;
-};
-
-Stored Store(const std::vector<double>& w, int64_t rows, int64_t cols,
-             DType dtype, int64_t pad, const std::string& label) {
-  Stored st;
-  const int64_t ld = cols + pad;
-  const size_t es = DTypeSize(dtype);
-  st.bytes.resize(static_cast<size_t>(rows * ld) * es);
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < ld; ++j) {
-      const float f = j < cols ? static_cast<float>(w[i * cols + j]) : nan;
-      uint8_t* p = st.bytes.data() + static_cast<size_t>(i * ld + j) * es;
-      if (dtype == DType::kF32) {
-        std::memcpy(p, &f, 4);
-      } else {
-        const uint16_t h =
-            dtype == DType::kF16 ? FloatToHalf(f) : FloatToBFloat16(f);
-        std::memcpy(p, &h, 2);
-      }
-    }
-  }
-  st.view = MatrixView{st.bytes.data(), rows, cols, ld, dtype};
-  st.label = absl::StrCat(label, " ", rows, "x", cols, " ld=", ld, " ",
-                          DTypeName(dtype));
-  return st;
-}
 
 double Oracle(const MatrixView& v) {
   absl::StatusOr<double> pr = OraclePR(v);
@@ -146,17 +35,15 @@ struct ShapeCase {
   int64_t rows, cols;
 };
 
-std::vector<Stored> MakeSuite(std::mt19937_64& rng) {
+std::vector<StoredMatrix> MakeSuite(std::mt19937_64& rng) {
   const std::vector<ShapeCase> shapes = {{1, 512},  {512, 1},    {300, 40},
                                          {40, 300}, {37, 129},   {129, 37},
                                          {64, 64},  {128, 4096}, {1, 1}};
-  const Spectrum spectra[] = {Spectrum::kFlat, Spectrum::kPowerLaw,
-                              Spectrum::kRankOne, Spectrum::kGaussian};
   const DType dtypes[] = {DType::kF32, DType::kF16, DType::kBF16};
-  std::vector<Stored> suite;
+  std::vector<StoredMatrix> suite;
   int n = 0;
   for (const ShapeCase& sh : shapes) {
-    for (Spectrum sp : spectra) {
+    for (Spectrum sp : kAllSpectra) {
       const std::vector<double> w = MakeMatrix(rng, sh.rows, sh.cols, sp);
       for (DType dt : dtypes) {
         const int64_t pad = (n++ % 3 == 0) ? 3 : 0;  // a third are strided
@@ -170,7 +57,7 @@ std::vector<Stored> MakeSuite(std::mt19937_64& rng) {
 // Runs `got` vs `ref` through the one checker; reports its first mismatches.
 void ExpectMatches(const std::vector<double>& got,
                    const std::vector<double>& ref,
-                   const std::vector<Stored>& suite, const std::string& what) {
+                   const std::vector<StoredMatrix>& suite, const std::string& what) {
   const CheckResult r = CheckPR(got, ref, kExactPrTolerance);
   EXPECT_EQ(r.mismatches, 0) << what << ":\n" << r.report;
   for (size_t i = 0; i < got.size() && r.mismatches > 0; ++i) {
@@ -196,10 +83,10 @@ TEST_F(CpuEngineTest, Identity) {
 
 TEST_F(CpuEngineTest, ExactVariantsMatchOracleOneByOneAndBatched) {
   std::mt19937_64 rng(std::random_device{}());
-  const std::vector<Stored> suite = MakeSuite(rng);
+  const std::vector<StoredMatrix> suite = MakeSuite(rng);
   std::vector<MatrixView> views;
   std::vector<double> ref;
-  for (const Stored& s : suite) {
+  for (const StoredMatrix& s : suite) {
     views.push_back(s.view);
     ref.push_back(Oracle(s.view));
   }
@@ -233,7 +120,7 @@ TEST_F(CpuEngineTest, ExactVariantsMatchOracleOneByOneAndBatched) {
 TEST_F(CpuEngineTest, SixtyFourBigPowerLawMatricesMatchOracle) {
   // The benchmark's shape, across threads, f32 and bf16.
   std::mt19937_64 rng(std::random_device{}());
-  std::vector<Stored> suite;
+  std::vector<StoredMatrix> suite;
   for (int i = 0; i < 6; ++i) {
     const std::vector<double> w =
         MakeMatrix(rng, 128, 4096, Spectrum::kPowerLaw);
@@ -243,7 +130,7 @@ TEST_F(CpuEngineTest, SixtyFourBigPowerLawMatricesMatchOracle) {
   }
   std::vector<MatrixView> views;
   std::vector<double> ref;
-  for (const Stored& s : suite) {
+  for (const StoredMatrix& s : suite) {
     views.push_back(s.view);
     ref.push_back(Oracle(s.view));
   }
@@ -258,7 +145,7 @@ TEST_F(CpuEngineTest, ExtremeScalesFallBackToFloat64) {
   for (double scale : {1e18, 1e-17, 1e-19, 1e-21, 1e-40}) {
     std::vector<double> w = MakeMatrix(rng, 48, 200, Spectrum::kPowerLaw);
     for (double& x : w) x *= scale;
-    const Stored s = Store(w, 48, 200, DType::kF32, 0, "scaled");
+    const StoredMatrix s = Store(w, 48, 200, DType::kF32, 0, "scaled");
     double got = 0;
     ASSERT_TRUE(engine_->ComputePR({s.view}, {}, absl::MakeSpan(&got, 1)).ok());
     EXPECT_TRUE(WithinTolerance(got, Oracle(s.view), kExactPrTolerance))
@@ -295,8 +182,8 @@ TEST_F(CpuEngineTest, NanOrInfIsInvalidArgumentNamingTheIndex) {
                         -std::numeric_limits<float>::infinity()}) {
         std::vector<double> wb = w;
         wb[(rows / 2) * cols + cols - 3] = bad;
-        const Stored good = Store(w, rows, cols, dt, 0, "good");
-        const Stored poisoned = Store(wb, rows, cols, dt, 0, "bad");
+        const StoredMatrix good = Store(w, rows, cols, dt, 0, "good");
+        const StoredMatrix poisoned = Store(wb, rows, cols, dt, 0, "bad");
         const std::vector<MatrixView> batch = {good.view, good.view,
                                                poisoned.view};
         for (const char* name :
@@ -365,13 +252,13 @@ TEST_F(CpuEngineTest, BadViewsAndSpecsAreInvalidArgument) {
 
 TEST_F(CpuEngineTest, DeterministicBitwise) {
   std::mt19937_64 rng(std::random_device{}());
-  std::vector<Stored> suite;
+  std::vector<StoredMatrix> suite;
   for (auto [r, c] : {std::pair{128, 4096}, {300, 40}, {37, 129}}) {
     suite.push_back(Store(MakeMatrix(rng, r, c, Spectrum::kPowerLaw), r, c,
                           DType::kBF16, 1, "det"));
   }
   std::vector<MatrixView> views;
-  for (const Stored& s : suite) views.push_back(s.view);
+  for (const StoredMatrix& s : suite) views.push_back(s.view);
   for (const char* name : {"algebraic", "naive", "power_iter", "sketch"}) {
     VariantSpec spec;
     spec.name = name;
@@ -391,13 +278,13 @@ TEST_F(CpuEngineTest, DeterministicBitwise) {
 
 TEST_F(CpuEngineTest, ConcurrentCallersGetTheSameAnswers) {
   std::mt19937_64 rng(std::random_device{}());
-  std::vector<Stored> suite;
+  std::vector<StoredMatrix> suite;
   for (int i = 0; i < 12; ++i) {
     suite.push_back(Store(MakeMatrix(rng, 64, 300, Spectrum::kGaussian), 64,
                           300, DType::kF32, 0, "c"));
   }
   std::vector<MatrixView> views;
-  for (const Stored& s : suite) views.push_back(s.view);
+  for (const StoredMatrix& s : suite) views.push_back(s.view);
   std::vector<double> want(views.size());
   ASSERT_TRUE(engine_->ComputePR(views, {}, absl::MakeSpan(want)).ok());
   std::vector<std::vector<double>> got(4, std::vector<double>(views.size()));
@@ -417,7 +304,7 @@ TEST_F(CpuEngineTest, PrIsBetweenOneAndRank) {
   std::mt19937_64 rng(std::random_device{}());
   for (Spectrum sp : {Spectrum::kFlat, Spectrum::kPowerLaw, Spectrum::kRankOne,
                       Spectrum::kGaussian}) {
-    const Stored s =
+    const StoredMatrix s =
         Store(MakeMatrix(rng, 40, 300, sp), 40, 300, DType::kF32, 0, "b");
     double pr = 0;
     ASSERT_TRUE(engine_->ComputePR({s.view}, {}, absl::MakeSpan(&pr, 1)).ok());
@@ -436,7 +323,7 @@ TEST_F(CpuEngineTest, PrIsBetweenOneAndRank) {
 // Mean relative error of an estimator over fresh matrices.
 double MeanRelError(Engine& engine, const VariantSpec& spec, int64_t rows,
                     int64_t cols, std::mt19937_64& rng) {
-  std::vector<Stored> suite;
+  std::vector<StoredMatrix> suite;
   std::vector<MatrixView> views;
   for (int i = 0; i < 24; ++i) {
     suite.push_back(Store(MakeMatrix(rng, rows, cols, Spectrum::kPowerLaw),
@@ -508,7 +395,7 @@ double MutantPR(const std::vector<double>& w, int64_t rows, int64_t cols) {
 
 TEST_F(CpuEngineTest, CheckerCatchesMutants) {
   std::mt19937_64 rng(std::random_device{}());
-  std::vector<Stored> suite;
+  std::vector<StoredMatrix> suite;
   std::vector<double> ref, mutant;
   for (int i = 0; i < 4; ++i) {
     const std::vector<double> w = MakeMatrix(rng, 20, 60, Spectrum::kGaussian);
@@ -523,7 +410,7 @@ TEST_F(CpuEngineTest, CheckerCatchesMutants) {
   EXPECT_THAT(r.report, HasSubstr("[0]"));
 
   std::vector<MatrixView> views;
-  for (const Stored& s : suite) views.push_back(s.view);
+  for (const StoredMatrix& s : suite) views.push_back(s.view);
   std::vector<double> got(views.size());
   ASSERT_TRUE(engine_->ComputePR(views, {}, absl::MakeSpan(got)).ok());
   EXPECT_EQ(CheckPR(got, ref, kExactPrTolerance).mismatches, 0);
