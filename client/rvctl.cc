@@ -30,23 +30,31 @@
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "rvd's gRPC HOST:PORT");
-ABSL_FLAG(std::string, model_id, "", "measure: the model id, [A-Za-z0-9_.:-]{1,128}");
+ABSL_FLAG(std::string, model_id, "",
+          "measure: the model id, [A-Za-z0-9_.:-]{1,128}");
 ABSL_FLAG(int64_t, step, 0, "measure: the training step");
 ABSL_FLAG(std::string, early, "",
-          "measure: early layers, 'A-B' (inclusive) or 'A,B,C'; default first quarter");
-ABSL_FLAG(std::string, late, "",
-          "measure: late layers, 'A-B' (inclusive) or 'A,B,C'; default last quarter");
+          "measure: early layers, 'A-B' (inclusive) or 'A,B,C'; default first "
+          "quarter");
+ABSL_FLAG(
+    std::string, late, "",
+    "measure: late layers, 'A-B' (inclusive) or 'A,B,C'; default last quarter");
 ABSL_FLAG(bool, per_head, false, "measure: also the PR of every head");
-ABSL_FLAG(std::string, variant, "", "measure: algebraic|naive|power_iter|sketch|fused");
+ABSL_FLAG(std::string, variant, "",
+          "measure: algebraic|naive|power_iter|sketch|fused");
 ABSL_FLAG(uint32_t, probes, 0, "measure: power_iter probes K (0: default)");
 ABSL_FLAG(uint32_t, sketch_rank, 0, "measure: sketch rank r (0: default)");
 ABSL_FLAG(uint64_t, seed, 0, "measure: seed of power_iter and sketch");
-ABSL_FLAG(std::string, arch, "", "measure: model_type for a single .safetensors file");
-ABSL_FLAG(int64_t, num_heads, 0, "measure: query heads (single file, or override)");
-ABSL_FLAG(int64_t, num_kv_heads, 0, "measure: kv heads (single file, or override)");
+ABSL_FLAG(std::string, arch, "",
+          "measure: model_type for a single .safetensors file");
+ABSL_FLAG(int64_t, num_heads, 0,
+          "measure: query heads (single file, or override)");
+ABSL_FLAG(int64_t, num_kv_heads, 0,
+          "measure: kv heads (single file, or override)");
 ABSL_FLAG(int64_t, head_dim, 0, "measure: head dim (single file, or override)");
 ABSL_FLAG(std::string, architectures, "",
-          "YAML architecture table (default: the built-in config/architectures.yaml)");
+          "YAML architecture table (default: the built-in "
+          "config/architectures.yaml)");
 ABSL_FLAG(uint32_t, limit, 0, "history: newest N measurements (0: all kept)");
 ABSL_FLAG(bool, json, false, "print JSON");
 ABSL_FLAG(bool, csv, false, "history: print CSV");
@@ -85,8 +93,8 @@ absl::StatusOr<std::vector<uint32_t>> ParseLayers(const std::string& text) {
   }
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     if (!absl::SimpleAtoi(part, &a)) {
-      return absl::InvalidArgumentError(
-          "bad layer set '" + text + "': expected A-B or A,B,C");
+      return absl::InvalidArgumentError("bad layer set '" + text +
+                                        "': expected A-B or A,B,C");
     }
     layers.push_back(a);
   }
@@ -114,18 +122,18 @@ json ToJson(const Measurement& m) {
       {"rv", m.has_rv() ? json(m.rv()) : json(nullptr)},
       {"per_layer_pr", per_layer},
       {"per_head_pr", per_head},
-      {"early_layers", std::vector<uint32_t>(m.early_layers().begin(),
-                                             m.early_layers().end())},
-      {"late_layers", std::vector<uint32_t>(m.late_layers().begin(),
-                                            m.late_layers().end())},
+      {"early_layers",
+       std::vector<uint32_t>(m.early_layers().begin(), m.early_layers().end())},
+      {"late_layers",
+       std::vector<uint32_t>(m.late_layers().begin(), m.late_layers().end())},
       {"variant", m.variant()},
       {"backend", m.backend()},
       {"engine_version", m.engine_version()},
       {"elapsed_ms", m.elapsed_ms()},
       {"receive_ms", m.receive_ms()},
       {"timestamp", Timestamp(m)},
-      {"warnings", std::vector<std::string>(m.warnings().begin(),
-                                            m.warnings().end())},
+      {"warnings",
+       std::vector<std::string>(m.warnings().begin(), m.warnings().end())},
   };
 }
 
@@ -171,10 +179,11 @@ class ProgressBar {
       return;
     }
     const int width = 40;
-    const int filled = total == 0 ? width : static_cast<int>(width * sent / total);
-    std::fprintf(stderr, "\r[%s%s] %6.1f / %.1f MB", std::string(filled, '#').c_str(),
-                 std::string(width - filled, ' ').c_str(), sent / 1e6,
-                 total / 1e6);
+    const int filled =
+        total == 0 ? width : static_cast<int>(width * sent / total);
+    std::fprintf(
+        stderr, "\r[%s%s] %6.1f / %.1f MB", std::string(filled, '#').c_str(),
+        std::string(width - filled, ' ').c_str(), sent / 1e6, total / 1e6);
     drawn_ = true;
   }
 
@@ -206,7 +215,8 @@ int Measure(rvd::RvdClient& client, const std::string& path) {
   options.num_kv_heads = absl::GetFlag(FLAGS_num_kv_heads);
   options.head_dim = absl::GetFlag(FLAGS_head_dim);
   const absl::Time load_start = absl::Now();
-  absl::StatusOr<rvd::LoadedModel> model = rvd::LoadModel(path, *table, options);
+  absl::StatusOr<rvd::LoadedModel> model =
+      rvd::LoadModel(path, *table, options);
   if (!model.ok()) return Fail(model.status());
   const absl::Duration load_time = absl::Now() - load_start;
 
@@ -227,8 +237,9 @@ int Measure(rvd::RvdClient& client, const std::string& path) {
   const absl::Time send_start = absl::Now();
   {
     ProgressBar bar;
-    m = client.Measure(header, *model,
-                       [&bar](uint64_t sent, uint64_t total) { bar.Update(sent, total); });
+    m = client.Measure(header, *model, [&bar](uint64_t sent, uint64_t total) {
+      bar.Update(sent, total);
+    });
   }
   if (!m.ok()) return Fail(m.status());
   if (absl::GetFlag(FLAGS_json)) {
@@ -273,7 +284,8 @@ int History(rvd::RvdClient& client, const std::string& model_id) {
 }
 
 int Models(rvd::RvdClient& client) {
-  absl::StatusOr<std::vector<rvd::v1::ModelSummary>> models = client.ListModels();
+  absl::StatusOr<std::vector<rvd::v1::ModelSummary>> models =
+      client.ListModels();
   if (!models.ok()) return Fail(models.status());
   if (absl::GetFlag(FLAGS_json)) {
     json all = json::array();
@@ -286,11 +298,10 @@ int Models(rvd::RvdClient& client) {
     return 0;
   }
   for (const auto& s : *models) {
-    std::printf("%-40s %6llu measurements  latest step %lld  R_V %s\n",
-                s.model_id().c_str(),
-                static_cast<unsigned long long>(s.measurements()),
-                static_cast<long long>(s.latest().step()),
-                RvText(s.latest()).c_str());
+    std::printf(
+        "%-40s %6llu measurements  latest step %lld  R_V %s\n",
+        s.model_id().c_str(), static_cast<unsigned long long>(s.measurements()),
+        static_cast<long long>(s.latest().step()), RvText(s.latest()).c_str());
   }
   return 0;
 }
@@ -300,7 +311,8 @@ int Models(rvd::RvdClient& client) {
 std::vector<char*> DashesToUnderscores(int argc, char** argv) {
   for (int i = 1; i < argc && std::string(argv[i]) != "--"; ++i) {
     if (argv[i][0] != '-' || argv[i][1] != '-') continue;
-    for (char* c = argv[i] + 2; *c != '\0' && *c != '='; ++c) *c = *c == '-' ? '_' : *c;
+    for (char* c = argv[i] + 2; *c != '\0' && *c != '='; ++c)
+      *c = *c == '-' ? '_' : *c;
   }
   return std::vector<char*>(argv, argv + argc);
 }
@@ -311,14 +323,16 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "usage:\n"
       "  rvctl [--address HOST:PORT] measure PATH --model-id ID [--step N]\n"
-      "        [--early A-B] [--late A-B] [--per-head] [--variant NAME] [--json]\n"
+      "        [--early A-B] [--late A-B] [--per-head] [--variant NAME] "
+      "[--json]\n"
       "        [--arch TYPE --num-heads H --num-kv-heads K --head-dim D]\n"
       "  rvctl history ID [--limit N] [--json|--csv]\n"
       "  rvctl latest ID [--json]\n"
       "  rvctl models [--json]\n"
       "  rvctl watch [ID] [--json]");
   std::vector<char*> args = DashesToUnderscores(argc, argv);
-  std::vector<char*> positional = absl::ParseCommandLine(args.size(), args.data());
+  std::vector<char*> positional =
+      absl::ParseCommandLine(args.size(), args.data());
   if (positional.size() < 2) return Usage("no command given");
   const std::string command = positional[1];
   const std::string arg = positional.size() > 2 ? positional[2] : "";

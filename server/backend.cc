@@ -14,7 +14,8 @@ namespace {
 // Directories searched for librvd_cuda.so: the binary's own and ../lib.
 std::vector<std::filesystem::path> ModuleDirs() {
   std::error_code ec;
-  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  std::filesystem::path exe =
+      std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) return {};
   return {exe.parent_path(), exe.parent_path().parent_path() / "lib"};
 }
@@ -37,8 +38,8 @@ absl::StatusOr<std::unique_ptr<Engine>> LoadCudaEngine(
     auto create =
         reinterpret_cast<CreateCudaEngineFn>(dlsym(handle, kCudaEngineSymbol));
     if (create == nullptr) {
-      return absl::UnavailableError(absl::StrCat(
-          path.string(), " does not export ", kCudaEngineSymbol));
+      return absl::UnavailableError(
+          absl::StrCat(path.string(), " does not export ", kCudaEngineSymbol));
     }
     std::string error;
     Engine* engine = create(options, &error);

@@ -38,7 +38,8 @@ class BufferPool {
     uint64_t capacity_;  // bytes allocated
   };
 
-  explicit BufferPool(uint64_t max_idle_bytes) : max_idle_bytes_(max_idle_bytes) {}
+  explicit BufferPool(uint64_t max_idle_bytes)
+      : max_idle_bytes_(max_idle_bytes) {}
 
   // The smallest idle buffer that fits, else a new one (not zeroed).
   Buffer Get(uint64_t size) {

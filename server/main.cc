@@ -14,13 +14,16 @@
 #include "server/server.h"
 #include "spdlog/spdlog.h"
 
-ABSL_FLAG(std::string, config, "", "YAML config file (default: built-in defaults)");
-ABSL_FLAG(std::string, grpc_address, "", "gRPC HOST:PORT (overrides the config)");
+ABSL_FLAG(std::string, config, "",
+          "YAML config file (default: built-in defaults)");
+ABSL_FLAG(std::string, grpc_address, "",
+          "gRPC HOST:PORT (overrides the config)");
 ABSL_FLAG(std::string, metrics_address, "",
           "Prometheus HOST:PORT (overrides the config)");
 ABSL_FLAG(std::string, backend, "", "auto | cpu | cuda (overrides the config)");
 ABSL_FLAG(std::string, data_dir, "", "data directory (overrides the config)");
-ABSL_FLAG(std::string, log_level, "", "trace|debug|info|warn|error (overrides)");
+ABSL_FLAG(std::string, log_level, "",
+          "trace|debug|info|warn|error (overrides)");
 
 namespace {
 
@@ -47,7 +50,8 @@ void Override(std::string& value, const absl::Flag<std::string>& flag) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "rvd [--config FILE] [--grpc-address HOST:PORT] "
-      "[--metrics-address HOST:PORT] [--backend auto|cpu|cuda] [--data-dir DIR]");
+      "[--metrics-address HOST:PORT] [--backend auto|cpu|cuda] [--data-dir "
+      "DIR]");
   // Streams arrive in megabyte chunks: keep freed memory mapped instead of
   // returning it to the kernel after each request, since re-faulting the
   // pages cost more CPU than receiving the bytes (perf, 128 MB streams).
@@ -81,7 +85,8 @@ int main(int argc, char** argv) {
   Override(config.log_level, FLAGS_log_level);
   spdlog::set_level(spdlog::level::from_str(config.log_level));
 
-  absl::StatusOr<std::unique_ptr<rvd::Server>> server = rvd::Server::Start(config);
+  absl::StatusOr<std::unique_ptr<rvd::Server>> server =
+      rvd::Server::Start(config);
   if (!server.ok()) {
     spdlog::error("cannot start: {}", server.status().ToString());
     return 1;

@@ -20,9 +20,12 @@ using rvd::v1::TensorSpec;
 
 absl::StatusOr<DType> ToDType(rvd::v1::DType dtype) {
   switch (dtype) {
-    case rvd::v1::DTYPE_F32: return DType::kF32;
-    case rvd::v1::DTYPE_F16: return DType::kF16;
-    case rvd::v1::DTYPE_BF16: return DType::kBF16;
+    case rvd::v1::DTYPE_F32:
+      return DType::kF32;
+    case rvd::v1::DTYPE_F16:
+      return DType::kF16;
+    case rvd::v1::DTYPE_BF16:
+      return DType::kBF16;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("unknown dtype ", static_cast<int>(dtype),
@@ -40,9 +43,9 @@ absl::StatusOr<VLayout> ToVLayout(rvd::v1::VLayout layout) {
 }
 
 absl::Status WithTensor(const TensorSpec& spec, const absl::Status& s) {
-  return absl::Status(s.code(),
-                      absl::StrCat("tensor '", spec.name(), "' (layer ",
-                                   spec.layer(), "): ", s.message()));
+  return absl::Status(
+      s.code(), absl::StrCat("tensor '", spec.name(), "' (layer ", spec.layer(),
+                             "): ", s.message()));
 }
 
 double GeometricMean(const std::vector<double>& values) {
@@ -107,22 +110,24 @@ absl::StatusOr<uint64_t> ValidateHeader(const MeasureHeader& header,
     absl::StatusOr<uint64_t> bytes = TensorByteSize(spec);
     if (!bytes.ok()) return bytes.status();
     if (!layers.insert(spec.layer()).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "layer ", spec.layer(), " is sent twice (tensor '", spec.name(), "')"));
+      return absl::InvalidArgumentError(absl::StrCat("layer ", spec.layer(),
+                                                     " is sent twice (tensor '",
+                                                     spec.name(), "')"));
     }
     total += *bytes;
     if (total > max_request_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "request tensors exceed the limit of ", max_request_bytes,
-          " bytes (max_request_bytes)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("request tensors exceed the limit of ",
+                       max_request_bytes, " bytes (max_request_bytes)"));
     }
   }
   for (const auto* set : {&header.early_layers(), &header.late_layers()}) {
     for (uint32_t layer : *set) {
       if (!layers.contains(layer)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            set == &header.early_layers() ? "early" : "late", " layer ", layer,
-            " is not among the layers sent (", absl::StrJoin(layers, ","), ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(set == &header.early_layers() ? "early" : "late",
+                         " layer ", layer, " is not among the layers sent (",
+                         absl::StrJoin(layers, ","), ")"));
       }
     }
   }
@@ -162,8 +167,8 @@ absl::StatusOr<Measurement> ComputeMeasurement(
     if (!bytes.ok()) return bytes.status();
     if (data[i].size() != *bytes) {
       return WithTensor(spec, absl::InvalidArgumentError(absl::StrCat(
-                                  "has ", data[i].size(), " bytes, shape and dtype need ",
-                                  *bytes)));
+                                  "has ", data[i].size(),
+                                  " bytes, shape and dtype need ", *bytes)));
     }
     TensorView tensor{data[i].data(), spec.shape(0), spec.shape(1),
                       *ToDType(spec.dtype())};

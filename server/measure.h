@@ -37,7 +37,8 @@ absl::Status ValidateModelId(const std::string& model_id);
 // The default R_V layer sets over the sorted layers sent: the first and last
 // ceil(L/4) of them.
 void DefaultLayerSets(const std::vector<uint32_t>& sorted_layers,
-                      std::vector<uint32_t>* early, std::vector<uint32_t>* late);
+                      std::vector<uint32_t>* early,
+                      std::vector<uint32_t>* late);
 
 // Computes the measurement. `data[i]` holds the bytes of header.tensors[i];
 // the header must have passed ValidateHeader. A request that names no

@@ -11,8 +11,8 @@
 namespace rvd {
 namespace {
 
-using ::testing::HasSubstr;
 using rvd::v1::MeasureHeader;
+using ::testing::HasSubstr;
 
 // A layer's V as f32 bytes: Gaussian entries scaled per row, so that the
 // spectrum differs from layer to layer.
@@ -28,7 +28,8 @@ std::string RandomV(int rows, int cols, std::mt19937_64& rng, double decay) {
 
 void AddSeparate(MeasureHeader& h, uint32_t layer, int kv, int d, int hidden) {
   rvd::v1::TensorSpec* t = h.add_tensors();
-  t->set_name("model.layers." + std::to_string(layer) + ".self_attn.v_proj.weight");
+  t->set_name("model.layers." + std::to_string(layer) +
+              ".self_attn.v_proj.weight");
   t->set_layer(layer);
   t->set_dtype(rvd::v1::DTYPE_F32);
   t->add_shape(kv * d);
@@ -80,8 +81,8 @@ TEST_F(MeasureTest, RvIsLateOverEarlyGeometricMeanOfOraclePR) {
   // L = 8: early = {0, 1}, late = {6, 7}.
   EXPECT_THAT(m->early_layers(), ::testing::ElementsAre(0, 1));
   EXPECT_THAT(m->late_layers(), ::testing::ElementsAre(6, 7));
-  const double expected = std::sqrt(oracle[6] * oracle[7]) /
-                          std::sqrt(oracle[0] * oracle[1]);
+  const double expected =
+      std::sqrt(oracle[6] * oracle[7]) / std::sqrt(oracle[0] * oracle[1]);
   ASSERT_TRUE(m->has_rv());
   EXPECT_NEAR(m->rv(), expected, 4e-6 * expected);
   EXPECT_EQ(m->model_id(), "tiny-llama_v1.0:ft");

@@ -57,9 +57,9 @@ class ServerImpl final : public Server {
     builder.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
     grpc_ = builder.BuildAndStart();
     if (grpc_ == nullptr || port_ == 0) {
-      return absl::UnavailableError(absl::StrCat(
-          "cannot listen for gRPC on ", config.grpc_address,
-          " (address in use or invalid)"));
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen for gRPC on ", config.grpc_address,
+                       " (address in use or invalid)"));
     }
     // The engine is ready before the server is built, so serving starts now.
     // "rvd.backend.<name>" tells a probe which backend serves.
@@ -103,11 +103,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Config& config) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
   std::string why;
   absl::StatusOr<std::unique_ptr<Engine>> engine =
-      CreateEngine(
-          config.backend, config.engine_threads,
-          CudaEngineOptions{config.cuda_device, config.cuda_streams,
-                            config.cuda_max_device_bytes},
-          &why);
+      CreateEngine(config.backend, config.engine_threads,
+                   CudaEngineOptions{config.cuda_device, config.cuda_streams,
+                                     config.cuda_max_device_bytes},
+                   &why);
   if (!engine.ok()) return engine.status();
   spdlog::info("{}; engine {}, default variant {}", why, (*engine)->Version(),
                (*engine)->DefaultVariant());

@@ -12,9 +12,9 @@
 namespace rvd {
 namespace {
 
-using rvd::v1::Measurement;
 using rvd::v1::MeasureChunk;
 using rvd::v1::MeasureHeader;
+using rvd::v1::Measurement;
 
 // absl and gRPC share the canonical code numbering.
 grpc::Status ToGrpc(const absl::Status& s) {
@@ -58,7 +58,8 @@ RvdService::RvdService(Engine& engine, ComputePool& pool, History& history,
       history_(history),
       metrics_(metrics),
       limits_(limits),
-      buffers_(std::min<uint64_t>(limits.max_request_bytes, kMaxIdleBufferBytes)) {}
+      buffers_(
+          std::min<uint64_t>(limits.max_request_bytes, kMaxIdleBufferBytes)) {}
 
 void RvdService::StopWatches() {
   stopping_ = true;
@@ -77,7 +78,9 @@ absl::Status RvdService::Run(const MeasureHeader& header,
                              const std::vector<std::string_view>& data,
                              Measurement* response) {
   absl::StatusOr<Measurement> m;
-  pool_.Run([&] { m = ComputeMeasurement(engine_, header, data, limits_.default_variant); });
+  pool_.Run([&] {
+    m = ComputeMeasurement(engine_, header, data, limits_.default_variant);
+  });
   if (!m.ok()) return m.status();
   m->set_receive_ms(response->receive_ms());
   if (absl::Status s = history_.Add(*m); !s.ok()) return s;
@@ -106,9 +109,9 @@ grpc::Status RvdService::Measure(grpc::ServerContext*,
   return Finish(Run(request->header(), data, response));
 }
 
-grpc::Status RvdService::MeasureStream(
-    grpc::ServerContext* context, grpc::ServerReader<MeasureChunk>* reader,
-    Measurement* response) {
+grpc::Status RvdService::MeasureStream(grpc::ServerContext* context,
+                                       grpc::ServerReader<MeasureChunk>* reader,
+                                       Measurement* response) {
   InflightSlot slot(inflight_, limits_.max_inflight_requests, metrics_);
   if (!slot.acquired()) return Finish(Busy(limits_.max_inflight_requests));
 
@@ -140,8 +143,9 @@ grpc::Status RvdService::MeasureStream(
       return Finish(absl::InvalidArgumentError("header sent twice"));
     }
     if (chunk.data().size() > kMaxChunkBytes) {
-      return Finish(absl::InvalidArgumentError(absl::StrCat(
-          "chunk of ", chunk.data().size(), " bytes exceeds ", kMaxChunkBytes)));
+      return Finish(absl::InvalidArgumentError(
+          absl::StrCat("chunk of ", chunk.data().size(), " bytes exceeds ",
+                       kMaxChunkBytes)));
     }
     if (received == begin[n]) {
       return Finish(absl::InvalidArgumentError(
@@ -153,15 +157,15 @@ grpc::Status RvdService::MeasureStream(
     const uint64_t offset = received - begin[current];
     if (chunk.tensor_index() != static_cast<uint32_t>(current) ||
         chunk.offset() != offset) {
-      return Finish(absl::InvalidArgumentError(absl::StrCat(
-          "out-of-order chunk: expected tensor ", current, " ('", name,
-          "') at offset ", offset, ", got tensor ", chunk.tensor_index(),
-          " at offset ", chunk.offset())));
+      return Finish(absl::InvalidArgumentError(
+          absl::StrCat("out-of-order chunk: expected tensor ", current, " ('",
+                       name, "') at offset ", offset, ", got tensor ",
+                       chunk.tensor_index(), " at offset ", chunk.offset())));
     }
     if (received + chunk.data().size() > begin[current + 1]) {
-      return Finish(absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", name, "': chunk overruns its ",
-          begin[current + 1] - begin[current], " bytes")));
+      return Finish(absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "': chunk overruns its ",
+                       begin[current + 1] - begin[current], " bytes")));
     }
     std::memcpy(buffer.data() + received, chunk.data().data(),
                 chunk.data().size());

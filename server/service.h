@@ -35,10 +35,9 @@ class RvdService final : public rvd::v1::Rvd::Service {
   grpc::Status Measure(grpc::ServerContext* context,
                        const rvd::v1::MeasureRequest* request,
                        rvd::v1::Measurement* response) override;
-  grpc::Status MeasureStream(
-      grpc::ServerContext* context,
-      grpc::ServerReader<rvd::v1::MeasureChunk>* reader,
-      rvd::v1::Measurement* response) override;
+  grpc::Status MeasureStream(grpc::ServerContext* context,
+                             grpc::ServerReader<rvd::v1::MeasureChunk>* reader,
+                             rvd::v1::Measurement* response) override;
   grpc::Status GetLatest(grpc::ServerContext* context,
                          const rvd::v1::GetLatestRequest* request,
                          rvd::v1::Measurement* response) override;
@@ -65,9 +64,9 @@ class RvdService final : public rvd::v1::Rvd::Service {
   History& history_;
   Metrics& metrics_;
   const ServiceLimits limits_;
-  BufferPool buffers_;                    // receive buffers of streams
-  std::atomic<int64_t> inflight_{0};      // measurements being received or computed
-  std::atomic<bool> stopping_{false};     // set by StopWatches
+  BufferPool buffers_;                // receive buffers of streams
+  std::atomic<int64_t> inflight_{0};  // measurements being received or computed
+  std::atomic<bool> stopping_{false};  // set by StopWatches
 };
 
 }  // namespace rvd

@@ -19,9 +19,12 @@ absl::Status FromGrpc(const grpc::Status& s) {
 
 rvd::v1::DType ToProto(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return rvd::v1::DTYPE_F32;
-    case DType::kF16: return rvd::v1::DTYPE_F16;
-    case DType::kBF16: return rvd::v1::DTYPE_BF16;
+    case DType::kF32:
+      return rvd::v1::DTYPE_F32;
+    case DType::kF16:
+      return rvd::v1::DTYPE_F16;
+    case DType::kBF16:
+      return rvd::v1::DTYPE_BF16;
   }
   return rvd::v1::DTYPE_UNSPECIFIED;
 }
