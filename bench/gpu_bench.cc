@@ -22,9 +22,12 @@
 // 50, 200, Hutchinson and Hutch++; sketch r = 16, 128) over four spectrum
 // families: mean and p95 relative error vs the oracle.
 //
-//   build/bin/rvd_bench_gpu [--json PATH] [--reps N] [--quick] [--probe]
-// (--probe: the v2 kernel alone with parts left out or K split across
-// blocks, to place its time; see Probe below)
+//   build/bin/rvd_bench_gpu [--json PATH] [--reps N] [--quick] [--probe] [--ab]
+// (--probe: the live wide kernel alone with parts left out or K split
+// across blocks, to place its time; see Probe below. --ab: the wide
+// kernel's code versions (v2, v3 with the row pass, v3 live) from this one binary:
+// accuracy per dtype and spectrum family first, then interleaved timing;
+// see AB below)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -147,13 +150,15 @@ struct Inputs {
   }
 };
 
-int Build(const Case& c, std::mt19937_64& rng, Inputs* in) {
+// oracle = false: no reference PRs (timing only).
+int Build(const Case& c, std::mt19937_64& rng, Inputs* in, bool oracle = true) {
   in->distinct = static_cast<int>(std::min<int64_t>(c.batch, c.rows * c.cols >= (1 << 22) ? 3 : 8));
   std::vector<std::vector<uint8_t>> host;
   for (int d = 0; d < in->distinct; ++d) {
     const Spectrum sp = d % 4 == 3 ? Spectrum::kGaussian : Spectrum::kPowerLaw;
     host.push_back(Encode(MakeMatrix(rng, c.rows, c.cols, sp), c.dtype));
     const MatrixView hv{host.back().data(), c.rows, c.cols, c.cols, c.dtype};
+    if (!oracle) continue;
     absl::StatusOr<double> pr = OraclePR(hv);
     if (!pr.ok()) return 1;
     in->ref.push_back(*pr);
@@ -207,7 +212,7 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f) {
   if (f->v2) {
     for (size_t i = 0; i < sides.size(); ++i) {
       jb.push_back(static_cast<int32_t>(jobs2.size()));
-      AppendFusedJobsV2(static_cast<int32_t>(i), sides[i], kFusedPolicyV2Sm90, &jobs2);
+      AppendFusedJobsV2(static_cast<int32_t>(i), sides[i], kFusedPolicyV3Sm90, &jobs2);
     }
     jb.push_back(static_cast<int32_t>(jobs2.size()));
     for (const FusedJobV2& j : jobs2) f->offdiag |= j.diagonal == 0;
@@ -288,7 +293,7 @@ int Probe(cudaStream_t stream, int reps, nlohmann::json* out) {
   size_t max_jobs = 0;
   for (size_t ci = 0; ci < cases.size(); ++ci) {
     auto in = std::make_unique<Inputs>();
-    if (Build(cases[ci], rng, in.get()) != 0) return 1;
+    if (Build(cases[ci], rng, in.get(), /*oracle=*/false) != 0) return 1;
     preps[ci].resize(3);
     for (int st = 0; st < 3; ++st) {
       if (Prepare(in->sets[st], &preps[ci][st]) != 0) return 1;
@@ -320,6 +325,127 @@ int Probe(cudaStream_t stream, int reps, nlohmann::json* out) {
   cudaFree(outs);
   (*out)["probe"] = rows;
   return 0;
+}
+
+// --ab: wide-kernel variants from one binary (kernels.h, LaunchFusedV2Chain):
+// v2's code; v3 (chains of 4 k-steps, warp roles) with v2's row pass for
+// ||W||_F^2 (device run 12's live kernel); v3 with the trace from the
+// Gram's diagonal (live for bf16/f16; f32 runs v2's code live). First accuracy:
+// every variant x dtype x spectrum family (flat, power-law, rank-1,
+// Gaussian) on 128x4096 (diagonal jobs) and 256x4096 (off-diagonal jobs
+// too), max rel error vs the float64 SVD oracle. Then timing: the target
+// cases, rounds A-B-C-A-B-C (each a queued median after 50 ms of warm-up);
+// per variant the median of the round medians and the spread (max - min).
+int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
+  const int chains[] = {0, 4, 4};
+  const bool row_pass[] = {false, true, false};
+  const char* names[] = {"v2", "v3c4-rowpass", "v3c4(live)"};
+  constexpr int kV = 3;
+  std::mt19937_64 rng(11);
+  nlohmann::json acc = nlohmann::json::array();
+  std::printf("\nab accuracy: max rel err vs float64 SVD oracle (4 matrices each)\n");
+  std::printf("%-5s %-9s %-9s", "dtype", "shape", "spectrum");
+  for (const char* n : names) std::printf(" %12s", n);
+  std::printf("\n");
+  bool all_ok = true;
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int64_t rows : {128, 256}) {
+      for (Spectrum sp : {Spectrum::kFlat, Spectrum::kPowerLaw, Spectrum::kRankOne,
+                          Spectrum::kGaussian}) {
+        std::vector<std::vector<uint8_t>> host;
+        std::vector<double> ref;
+        const int64_t cols = 4096;
+        const size_t bytes = size_t(rows * cols) * DTypeSize(dt);
+        void* dev = nullptr;
+        BENCH_CHECK(cudaMalloc(&dev, bytes * 4));
+        std::vector<MatrixView> views;
+        for (int i = 0; i < 4; ++i) {
+          host.push_back(Encode(MakeMatrix(rng, rows, cols, sp), dt));
+          const MatrixView hv{host.back().data(), rows, cols, cols, dt};
+          absl::StatusOr<double> pr = OraclePR(hv);
+          if (!pr.ok()) return 1;
+          ref.push_back(*pr);
+          void* d = static_cast<uint8_t*>(dev) + bytes * i;
+          BENCH_CHECK(cudaMemcpy(d, host.back().data(), bytes, cudaMemcpyHostToDevice));
+          views.push_back(MatrixView{d, rows, cols, cols, dt});
+        }
+        FusedPrepared f;
+        if (Prepare(views, &f) != 0) return 1;
+        std::printf("%-5s %4lldx%-4lld %-9s", DTypeName(dt), (long long)rows,
+                    (long long)cols, SpectrumName(sp));
+        for (int v = 0; v < kV; ++v) {
+          BENCH_CHECK(cudaMemset(f.pr, 0xFF, 4 * sizeof(double)));
+          BENCH_CHECK(LaunchFusedV2Chain(chains[v], row_pass[v], f.dtype, f.desc, f.jobs2, f.num_jobs,
+                                         f.offdiag, f.g2, f.tr, f.mx, stream));
+          BENCH_CHECK(LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, stream));
+          std::vector<double> got(4);
+          BENCH_CHECK(cudaMemcpyAsync(got.data(), f.pr, 4 * sizeof(double),
+                                      cudaMemcpyDeviceToHost, stream));
+          BENCH_CHECK(cudaStreamSynchronize(stream));
+          const CheckResult r = CheckPR(got, ref, kExactPrTolerance);
+          all_ok &= r.mismatches == 0;
+          std::printf(" %11.2e%s", r.max_rel_error, r.mismatches ? "!" : " ");
+          acc.push_back({{"variant", names[v]}, {"chain", chains[v]}, {"dtype", DTypeName(dt)},
+                         {"rows", rows}, {"cols", cols}, {"spectrum", SpectrumName(sp)},
+                         {"max_rel_err", r.max_rel_error}, {"mismatches", r.mismatches}});
+        }
+        std::printf("\n");
+        cudaFree(dev);
+      }
+    }
+  }
+  (*out)["ab_accuracy"] = acc;
+  const std::vector<Case> cases = {{480, 128, 4096, DType::kF32, "ab"},
+                                   {480, 128, 4096, DType::kBF16, "ab"},
+                                   {480, 128, 4096, DType::kF16, "ab"},
+                                   {256, 128, 4096, DType::kBF16, "ab"},
+                                   {32, 1024, 4096, DType::kBF16, "ab"},
+                                   {32, 1024, 4096, DType::kF32, "ab"}};
+  constexpr int kRounds = 4;
+  nlohmann::json rows = nlohmann::json::array();
+  std::printf("\nab timing: kernel + finalize, median of %d rounds (each a queued median of %d"
+              " after 50 ms warm-up), spread = max - min of the rounds, ms\n%-22s", kRounds, reps,
+              "case");
+  for (const char* n : names) std::printf(" %20s", n);
+  std::printf("\n");
+  for (const Case& c : cases) {
+    Inputs in;
+    if (Build(c, rng, &in, /*oracle=*/false) != 0) return 1;
+    std::vector<FusedPrepared> prep(3);
+    for (int s = 0; s < 3; ++s) {
+      if (Prepare(in.sets[s], &prep[s]) != 0) return 1;
+    }
+    std::vector<std::vector<double>> med(kV);
+    for (int round = 0; round < kRounds; ++round) {
+      for (int v = 0; v < kV; ++v) {
+        std::vector<double> t;
+        auto launch = [&](int r) {
+          const FusedPrepared& f = prep[r % 3];
+          cudaError_t e = LaunchFusedV2Chain(chains[v], row_pass[v], f.dtype, f.desc, f.jobs2, f.num_jobs,
+                                             f.offdiag, f.g2, f.tr, f.mx, stream);
+          if (e != cudaSuccess) return e;
+          return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, stream);
+        };
+        if (TimeQueued(launch, reps, 50.0, stream, &t) != 0) return 1;
+        med[v].push_back(Median(t));
+      }
+    }
+    const std::string label = absl::StrCat(c.batch, " x ", c.rows, "x", c.cols, " ",
+                                           DTypeName(c.dtype));
+    std::printf("%-22s", label.c_str());
+    for (int v = 0; v < kV; ++v) {
+      const double m = Median(med[v]);
+      const double sp = *std::max_element(med[v].begin(), med[v].end()) -
+                        *std::min_element(med[v].begin(), med[v].end());
+      std::printf("  %9.4f +- %6.4f", m, sp);
+      rows.push_back({{"variant", names[v]}, {"chain", chains[v]}, {"batch", c.batch},
+                      {"rows", c.rows}, {"cols", c.cols}, {"dtype", DTypeName(c.dtype)},
+                      {"kernel_ms", m}, {"spread_ms", sp}, {"rounds_ms", med[v]}});
+    }
+    std::printf("\n");
+  }
+  (*out)["ab_timing"] = rows;
+  return all_ok ? 0 : 1;
 }
 
 // Times launch(r) for r = 0 .. reps-1 queued back to back, one event pair
@@ -360,7 +486,7 @@ int TimeQueued(const std::function<cudaError_t(int)>& launch, int reps, double w
 int Main(int argc, char** argv) {
   std::string json_path;
   int reps = 50;
-  bool quick = false, probe = false;
+  bool quick = false, probe = false, ab = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
@@ -368,8 +494,10 @@ int Main(int argc, char** argv) {
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (a == "--quick") quick = true;
     else if (a == "--probe") probe = true;
+    else if (a == "--ab") ab = true;
     else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--reps N] [--quick] [--probe]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json PATH] [--reps N] [--quick] [--probe] [--ab]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -419,6 +547,11 @@ int Main(int argc, char** argv) {
   }
   std::printf("copy ceiling (D2D, read + write): %.3f TB/s\n\n", copy_tbps);
   out["copy_TBps"] = copy_tbps;
+  if (ab) {
+    const int rc = AB(stream, reps, &out);
+    if (!json_path.empty()) std::ofstream(json_path) << out.dump(2);
+    return rc;
+  }
   if (probe) {
     const int rc = Probe(stream, reps, &out);
     if (!json_path.empty()) std::ofstream(json_path) << out.dump(2);

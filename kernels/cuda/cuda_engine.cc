@@ -350,7 +350,7 @@ class Runner {
     return absl::OkStatus();
   }
 
-  // The served-count key of a fused policy, e.g. "fused/fused-v2-...".
+  // The served-count key of a fused policy, e.g. "fused/fused-v3-...".
   std::string FusedCountKey(const LaunchPolicy& p) const {
     return absl::StrCat("fused/", use_mutant_ ? "MUTANT-" : "", p.name);
   }
@@ -365,7 +365,7 @@ class Runner {
   std::string CountKey() const {
     switch (kind_) {
       case Kind::kFused:
-        return FusedCountKey(kFusedPolicyV2Sm90);
+        return FusedCountKey(kFusedPolicyV3Sm90);
       case Kind::kAlgebraic: return "algebraic/cublas-gemm-batched-32f-splitk128";
       case Kind::kNaive: return "naive/cusolver-dgesvd";
       case Kind::kPowerIter:
@@ -425,7 +425,7 @@ class Runner {
         job_begin_.push_back(job_begin_.back() + static_cast<int32_t>(one.size()));
       } else {
         list_begin[s] = static_cast<int32_t>(jobs2_.size());
-        AppendFusedJobsV2(static_cast<int32_t>(s), side[0], kFusedPolicyV2Sm90, &jobs2_);
+        AppendFusedJobsV2(static_cast<int32_t>(s), side[0], kFusedPolicyV3Sm90, &jobs2_);
         job_begin_.push_back(static_cast<int32_t>(jobs_.size() + jobs2_.size()));
       }
     }
@@ -493,7 +493,7 @@ class Runner {
                                          At<double>(w, o_tr) + j0,
                                          At<float>(w, o_mx) + j0, ctx.stream));
       }
-      fused_served_[FusedCountKey(tall ? kFusedPolicySm90 : kFusedPolicyV2Sm90)] +=
+      fused_served_[FusedCountKey(tall ? kFusedPolicySm90 : kFusedPolicyV3Sm90)] +=
           static_cast<int64_t>(s1 - s0);
       s0 = s1;
     }

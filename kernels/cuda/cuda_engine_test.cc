@@ -250,8 +250,8 @@ const std::vector<Shape> kShapes = {{1, 512},  {512, 1},   {7, 33},     {300, 40
 TEST_F(CudaEngineTest, VersionAndDefault) {
   EXPECT_EQ(engine_->Backend(), "cuda");
   EXPECT_EQ(engine_->DefaultVariant(), "fused");
-  EXPECT_THAT(engine_->Version(), HasSubstr("cuda-fused-v2/sm"));
-  EXPECT_THAT(engine_->Version(), HasSubstr(kFusedPolicyV2Sm90.name));
+  EXPECT_THAT(engine_->Version(), HasSubstr("cuda-fused-v3/sm"));
+  EXPECT_THAT(engine_->Version(), HasSubstr(kFusedPolicyV3Sm90.name));
 }
 
 TEST_F(CudaEngineTest, ExactVariantsMatchOracle) {
@@ -269,7 +269,7 @@ TEST_F(CudaEngineTest, ExactVariantsMatchOracle) {
   // Both fused policies served (kShapes has wide and tall shapes), and
   // nothing else under "fused/".
   const auto counts = engine_->ServedCounts();
-  const std::string v2 = absl::StrCat("fused/", kFusedPolicyV2Sm90.name);
+  const std::string v2 = absl::StrCat("fused/", kFusedPolicyV3Sm90.name);
   const std::string v1 = absl::StrCat("fused/", kFusedPolicySm90.name);
   ASSERT_EQ(counts.count(v2), 1u);
   ASSERT_EQ(counts.count(v1), 1u);
@@ -417,6 +417,18 @@ TEST_F(CudaEngineTest, HugeAndTinyMagnitudesFallBackExactly) {
     std::vector<double> w = MakeMatrix(rng_, 64, 256, Spectrum::kPowerLaw);
     for (double& x : w) x *= scale;
     suite.push_back(Store(w, 64, 256, DType::kF32, 0, absl::StrCat("scale ", scale)));
+  }
+  // bf16 (fused v3 takes ||W||^2 from f32 Gram entries): entries that
+  // overflow f32 (1e19, also at 128 x 4096: role code), squares that
+  // underflow (1e-22), and a size near the limits (1e16: no overflow; the
+  // max decides between the fast path and the fallback).
+  for (double scale : {1e19, 1e-22, 1e16}) {
+    for (const Shape sh : {Shape{64, 256}, Shape{128, 4096}}) {
+      std::vector<double> w = MakeMatrix(rng_, sh.rows, sh.cols, Spectrum::kPowerLaw);
+      for (double& x : w) x *= scale;
+      suite.push_back(Store(w, sh.rows, sh.cols, DType::kBF16, 0,
+                            absl::StrCat("scale ", scale)));
+    }
   }
   const std::vector<double> ref = Oracle(suite);
   for (const char* name : {"fused", "algebraic"}) {

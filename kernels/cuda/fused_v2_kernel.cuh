@@ -1,7 +1,7 @@
-// The fused PR kernel, version 2 (private to kernels/cuda/), for wide W
-// (rows <= cols, G = W W^T). Tall W still takes v1 (fused_kernel.cuh).
+// The fused PR kernel, versions 2 and 3 (private to kernels/cuda/), for wide
+// W (rows <= cols, G = W W^T). Tall W still takes v1 (fused_kernel.cuh).
 //
-// Versions (llm.c order; v2 is live for wide W):
+// Versions (llm.c order; v3 is live for wide bf16/f16 W, v2 for wide f32):
 //   v1  WMMA 32 x 32 warp tiles, one block per 128 x 128 Gram tile, 226-254
 //       registers, 1 block per SM (fused_kernel.cuh).
 //   v2  raw mma.sync (m16n8k16 bf16/f16; m16n8k8 tf32 as 3xTF32) fed by
@@ -11,6 +11,13 @@
 //       launch has diagonal jobs only, 4 with off-diagonal ones: 108 KB
 //       either way), <= 128 registers (__launch_bounds__(256, 2)): 2 blocks
 //       of 8 warps per SM. H200 numbers: NOTES.md.
+//   v3  v2's tiling, ring and registers (kChain > 0 below) with fewer
+//       instructions per MMA: a fresh accumulator per K-slice (chains of 4
+//       k-steps, kFusedPolicyV3Sm90.chain_ksteps), warp roles as template
+//       code (RoleSliceMma: no selects, no per-slot predicates; edge jobs
+//       take SliceMmaChain), and for 16-bit inputs ||W||_F^2 from the
+//       Gram's diagonal with a row pass that only takes max |w|. f32 keeps
+//       v2's code (3xTF32 with chains was slower: NOTES.md, fused v3).
 //
 // Work split. A job is either the upper triangle of a 128 x 128 diagonal Gram
 // tile (36 blocks of 16 x 16: 8 row strips x 8 column groups, g >= strip) or
@@ -28,14 +35,20 @@
 // rows, so the same smem rows feed both (for tf32 too: an 8 x 8 b16 matrix
 // is an 8 x 4 f32 matrix, lane l holding (l / 4, l % 4)).
 //
-// Accuracy guard (v1's, made stricter): every MMA starts a fresh
+// Accuracy guard (v1's, made stricter in v2): every MMA starts a fresh
 // accumulator (C = 0; for 3xTF32 the chain of its 3 products), added to the
 // running f32 sums with IEEE round to nearest (__fadd_rn): the tensor cores'
 // accumulation truncates (H200 run 1: 1e-5 of PR with one chain over
-// K = 4096; v1 restarted every 4 k-steps). ||W||_F^2: 16-bit inputs square exactly in f32; each 8-element
+// K = 4096; v1 restarted every 4 k-steps). v3 chains the 4 k-steps of a
+// slice before the rounded add (v1's interval; H200 run 13: max rel error
+// 9e-8 bf16, 1.7e-7 f16 on flat/power-law/rank-1/Gaussian spectra).
+// ||W||_F^2, v2 and f32: 16-bit inputs square exactly in f32; each 8-element
 // chunk's f32 sum goes to a float64 sum, unless the chunk's magnitudes could
 // under- or overflow f32 squares (then the chunk is summed in float64); f32
-// inputs are squared in float64 (as v1).
+// inputs are squared in float64 (as v1). v3, 16-bit: the sum of the Gram's
+// diagonal entries in float64 (its truncation bias matches that of ||G||^2,
+// so it cancels to first order in t^2 / g); entries that overflow make it
+// Inf, which the finalize reports as untrusted (the engine falls back).
 //
 // Determinism: fixed order everywhere (per lane, xor-shuffle tree, warps in
 // index order; jobs in index order in the finalize kernel); no atomics.
@@ -67,18 +80,28 @@ constexpr int kKSteps = kSliceBytes / 32;  // MMA k-steps per slice
 constexpr int kABytes = kRowTile * kRowBytes;  // 18432
 constexpr int kBBytes = kColTile * kRowBytes;  // 9216
 
-static_assert(kRowTile == kFusedPolicyV2Sm90.block_tile, "policy: block_tile");
-static_assert(kColTile == kFusedPolicyV2Sm90.col_tile, "policy: col_tile");
-static_assert(kWarps == kFusedPolicyV2Sm90.warps, "policy: warps");
-static_assert(16 == kFusedPolicyV2Sm90.warp_tile, "policy: 16 x 16 blocks");
-static_assert(kSliceBytes == kFusedPolicyV2Sm90.k_slice_bytes, "policy: slice");
-static_assert(kStagesDiag == kFusedPolicyV2Sm90.stages, "policy: stages");
-static_assert(kStagesMixed == kFusedPolicyV2Sm90.stages_offdiag, "policy: stages");
+static_assert(kRowTile == kFusedPolicyV3Sm90.block_tile, "policy: block_tile");
+static_assert(kColTile == kFusedPolicyV3Sm90.col_tile, "policy: col_tile");
+static_assert(kWarps == kFusedPolicyV3Sm90.warps, "policy: warps");
+static_assert(16 == kFusedPolicyV3Sm90.warp_tile, "policy: 16 x 16 blocks");
+static_assert(kSliceBytes == kFusedPolicyV3Sm90.k_slice_bytes, "policy: slice");
+static_assert(kStagesDiag == kFusedPolicyV3Sm90.stages, "policy: stages");
+static_assert(kStagesMixed == kFusedPolicyV3Sm90.stages_offdiag, "policy: stages");
 static_assert(kStagesDiag * kABytes <= kStagesMixed * (kABytes + kBBytes),
               "one shared-memory opt-in for both");
-static_assert(kFusedPolicyV2Sm90.f32_split == 3, "policy: 3xTF32 only");
-static_assert(kFusedPolicyV2Sm90.blocks_per_sm == 2, "policy: 2 blocks/SM");
+static_assert(kFusedPolicyV3Sm90.f32_split == 3, "policy: 3xTF32 only");
+static_assert(kFusedPolicyV3Sm90.blocks_per_sm == 2, "policy: 2 blocks/SM");
 static_assert(kRowTile == 8 * 16 && kColTile == 4 * 16, "strips and groups");
+// k-steps per fresh accumulator of the live kernel: v3 for 16-bit inputs;
+// f32 (3xTF32) keeps v2's code (chain 0), as the policy says.
+constexpr int kLiveChain = kFusedPolicyV3Sm90.chain_ksteps;
+constexpr int kLiveChainF32 = kFusedPolicyV3Sm90.chain_ksteps_f32;
+static_assert(kLiveChain >= 1 && kKSteps % kLiveChain == 0, "policy: chain");
+static_assert(kKSteps % (kLiveChainF32 > 0 ? kLiveChainF32 : 1) == 0, "policy: chain");
+template <typename T>
+constexpr int LiveChain() {
+  return std::is_same_v<T, float> ? kLiveChainF32 : kLiveChain;
+}
 
 template <typename T>
 struct V2Traits;
@@ -258,6 +281,45 @@ __device__ __forceinline__ void RowStats(const unsigned char* tile,
   }
 }
 
+// v3, 16-bit inputs: the largest |w| bits over this thread's chunks of an A
+// tile, as two u16 lanes (sign bits cleared: NaN > Inf > finite in that
+// order, so NaN and Inf survive the max). 8 instructions per 16-byte chunk
+// (RowStats: ~33); ||W||_F^2 comes from the Gram's diagonal (epilogue).
+__device__ __forceinline__ uint32_t MaxU16x2(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t r;
+  asm("max.u16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+#else
+  return __vmaxu2(a, b);
+#endif
+}
+__device__ __forceinline__ void RowMax16(const unsigned char* tile, uint32_t* m2) {
+#pragma unroll
+  for (int i = 0; i < kRowTile * 8 / kThreads; ++i) {
+    const int c = threadIdx.x + i * kThreads;
+    const uint4 v = *reinterpret_cast<const uint4*>(tile + (c >> 3) * kRowBytes +
+                                                    (c & 7) * 16);
+    *m2 = MaxU16x2(*m2, v.x & 0x7fff7fffu);
+    *m2 = MaxU16x2(*m2, v.y & 0x7fff7fffu);
+    *m2 = MaxU16x2(*m2, v.z & 0x7fff7fffu);
+    *m2 = MaxU16x2(*m2, v.w & 0x7fff7fffu);
+  }
+}
+// |w| bits (u16, sign cleared) as a float.
+template <typename T>
+__device__ __forceinline__ float AbsBitsToFloat(uint32_t b) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __uint_as_float(b << 16);
+  } else {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
+  }
+}
+// max that keeps NaN (fmaxf drops it).
+__device__ __forceinline__ float MaxKeepNaN(float a, float b) {
+  return (a != a || b != b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
+}
+
 // One K-slice of MMAs for the first kS slots: per k-step all fragments
 // first (independent loads in flight), then the MMAs. Each MMA starts a
 // fresh accumulator (C = 0) whose result is added to acc with round to
@@ -306,6 +368,183 @@ __device__ __forceinline__ void SliceMma(uint32_t a_base, uint32_t a0_off,
   }
 }
 
+// v3: one chain of kChain k-steps (kk0 ..) for one slot: a fresh
+// accumulator (C = 0) for the first MMA, the next ones accumulate on the
+// tensor cores (truncating, but over kChain k-steps of one slot, not over
+// K), and the chain's result is added to acc with round to nearest. a / ah,
+// al: the slot's A fragments per k-step (3xTF32: hi and lo parts).
+template <typename T, int kChain>
+__device__ __forceinline__ void ChainMma(const uint32_t (&a)[kChain][4],
+                                         const uint32_t (&ah)[kChain][4],
+                                         const uint32_t (&al)[kChain][4],
+                                         uint32_t b_addr, float (&acc)[2][4]) {
+  constexpr bool kTf32 = std::is_same_v<T, float>;
+  uint32_t b[kChain][4];
+#pragma unroll
+  for (int j = 0; j < kChain; ++j) Ldsm4(b[j], b_addr + j * 32);
+  float p[2][4];
+#pragma unroll
+  for (int j = 0; j < kChain; ++j) {
+    if constexpr (kTf32) {
+      uint32_t bh[4], bl[4];
+      SplitTf32(b[j], bh, bl);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // Small products first (as v1): lo*hi, hi*lo, hi*hi.
+        if (j == 0) {
+          MmaZ<T>(p[h], al[j], bh[h], bh[h + 2]);
+        } else {
+          Mma<T>(p[h], al[j], bh[h], bh[h + 2]);
+        }
+        Mma<T>(p[h], ah[j], bl[h], bl[h + 2]);
+        Mma<T>(p[h], ah[j], bh[h], bh[h + 2]);
+      }
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (j == 0) {
+          MmaZ<T>(p[h], a[j], b[j][h], b[j][h + 2]);
+        } else {
+          Mma<T>(p[h], a[j], b[j][h], b[j][h + 2]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[h][r] = __fadd_rn(acc[h][r], p[h][r]);
+}
+
+// The A fragments of one strip for kChain k-steps from kk0 (and, for
+// 3xTF32, their hi and lo parts).
+template <typename T, int kChain>
+__device__ __forceinline__ void LoadA(uint32_t addr, uint32_t (&a)[kChain][4],
+                                      uint32_t (&ah)[kChain][4],
+                                      uint32_t (&al)[kChain][4]) {
+#pragma unroll
+  for (int j = 0; j < kChain; ++j) {
+    Ldsm4(a[j], addr + j * 32);
+    if constexpr (std::is_same_v<T, float>) SplitTf32(a[j], ah[j], al[j]);
+  }
+}
+
+// v3: one K-slice of MMAs for the first kS slots, in chains of kChain
+// k-steps, slot by slot (each slot's B fragments are loaded right before
+// its MMAs: 8 live registers per chain instead of 8 per slot). Branch-free:
+// slot s takes strip1's A fragments when use1[s] (selects).
+template <typename T, int kS, int kChain>
+__device__ __forceinline__ void SliceMmaChain(uint32_t a_base, uint32_t a0_off,
+                                              uint32_t a1_off, uint32_t b_base,
+                                              const uint32_t (&b_off)[kSlots],
+                                              const bool (&use1)[kSlots],
+                                              float (&acc)[kSlots][2][4]) {
+  static_assert(kKSteps % kChain == 0, "whole chains per slice");
+#pragma unroll
+  for (int c = 0; c < kKSteps; c += kChain) {
+    uint32_t a0[kChain][4], a0h[kChain][4], a0l[kChain][4];
+    uint32_t a1[kChain][4], a1h[kChain][4], a1l[kChain][4];
+    LoadA<T, kChain>(a_base + a0_off + c * 32, a0, a0h, a0l);
+    LoadA<T, kChain>(a_base + a1_off + c * 32, a1, a1h, a1l);
+#pragma unroll
+    for (int s = 0; s < kS; ++s) {
+      uint32_t a[kChain][4], ah[kChain][4], al[kChain][4];
+#pragma unroll
+      for (int j = 0; j < kChain; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          a[j][i] = use1[s] ? a1[j][i] : a0[j][i];
+          ah[j][i] = use1[s] ? a1h[j][i] : a0h[j][i];
+          al[j][i] = use1[s] ? a1l[j][i] : a0l[j][i];
+        }
+      ChainMma<T, kChain>(a, ah, al, b_base + b_off[s] + c * 32, acc[s]);
+    }
+  }
+}
+
+// v3: the same arithmetic as SliceMmaChain (bitwise: each acc entry sees the
+// same chains in the same order) for a warp whose role is known at compile
+// time: slots 0 .. kNA0-1 take strip0's A fragments, the next kNA1 strip1's.
+// No selects, no per-slot predicates, each strip's A fragments loaded (and
+// for 3xTF32 split) once per chain. Served only when all of the warp's
+// slots lie inside the matrix (the kernel checks; edge jobs take
+// SliceMmaChain).
+// B fragments: slot s of strip0 at b0_off + s * kBStride, slot kNA0 + s of
+// strip1 at b1_off + s * kBStride (a warp's groups are consecutive:
+// kBStride = 16 rows; the mutant's wrong index: 0).
+template <typename T, int kNA0, int kNA1, int kChain, int kBStride>
+__device__ __forceinline__ void RoleSliceMma(uint32_t a_base, uint32_t a0_off,
+                                             uint32_t a1_off, uint32_t b_base,
+                                             uint32_t b0_off, uint32_t b1_off,
+                                             float (&acc)[kSlots][2][4]) {
+  static_assert(kNA0 + kNA1 <= kSlots && kKSteps % kChain == 0, "role");
+#pragma unroll
+  for (int c = 0; c < kKSteps; c += kChain) {
+    if constexpr (kNA0 > 0) {
+      uint32_t a[kChain][4], ah[kChain][4], al[kChain][4];
+      LoadA<T, kChain>(a_base + a0_off + c * 32, a, ah, al);
+#pragma unroll
+      for (int s = 0; s < kNA0; ++s) {
+        ChainMma<T, kChain>(a, ah, al, b_base + b0_off + s * kBStride + c * 32,
+                            acc[s]);
+      }
+    }
+    if constexpr (kNA1 > 0) {
+      uint32_t a[kChain][4], ah[kChain][4], al[kChain][4];
+      LoadA<T, kChain>(a_base + a1_off + c * 32, a, ah, al);
+#pragma unroll
+      for (int s = 0; s < kNA1; ++s) {
+        ChainMma<T, kChain>(a, ah, al, b_base + b1_off + s * kBStride + c * 32,
+                            acc[kNA0 + s]);
+      }
+    }
+  }
+}
+
+// Slot s of warp `warp` (see the header comment): its strip, column group,
+// whether it takes strip1's A fragment, and whether it lies inside the
+// matrix (vr, vc: rows and columns of the job inside the Gram). v3 calls
+// this where a slot is needed instead of keeping per-slot arrays live
+// through the K loop (registers).
+struct SlotMap {
+  int strip, grp;
+  bool use1, act;
+};
+__device__ __forceinline__ SlotMap SlotAt(bool diag, int warp, int s, int vr,
+                                          int vc) {
+  SlotMap m;
+  if (diag) {
+    const int p = warp >> 1, n0 = 3 - p;
+    if ((warp & 1) == 0) {
+      m.grp = p + s;
+      m.use1 = false;
+      m.act = true;
+    } else {
+      m.use1 = s >= n0;
+      m.grp = s < n0 ? p + 5 + s : 7 - p + (s - n0);
+      m.act = s < 4;
+    }
+    m.strip = m.use1 ? 7 - p : p;
+  } else {
+    m.strip = warp;
+    m.grp = s;
+    m.use1 = false;
+    m.act = s < 4;
+  }
+  m.act = m.act && 16 * m.strip < vr && 16 * m.grp < vc;
+  return m;
+}
+
+// Shared-memory offset of slot m's B fragment rows for this lane. The
+// mutant reads the row strip's rows as the column group: one wrong index
+// (masked into the B tile). Inactive slots read group 0 (a valid address;
+// their sums are left out).
+template <bool kMutant>
+__device__ __forceinline__ uint32_t BOff(const SlotMap& m, bool diag, int lane) {
+  const int bg = kMutant ? (m.strip & (diag ? 7 : 3)) : m.grp;
+  return (16 * (m.act ? bg : 0) + (lane & 15)) * kRowBytes + (lane >> 4) * 16;
+}
+
 // Probe flags (kProbe instances only, for the benchmark's --probe
 // experiments; the product's instances compile them out).
 enum ProbeFlags : int {
@@ -314,7 +553,13 @@ enum ProbeFlags : int {
   kProbeRotate = 4,   // start each block at a different K-slice
 };
 
-template <typename T, bool kMutant, int kStages, bool kProbe = false>
+// kChain: 0 = v2 (a fresh accumulator per MMA, per-slot branches in
+// diagonal-only launches, SliceMma otherwise); >= 1 = v3 (kChain k-steps per
+// fresh accumulator, RoleSliceMma for jobs inside the matrix).
+// kRowPass (v3 only, benchmark A/B): keep v2's row pass for ||W||_F^2 (as
+// device run 12) instead of the Gram's diagonal.
+template <typename T, bool kMutant, int kStages, int kChain, bool kProbe = false,
+          bool kRowPass = false>
 __global__ void __launch_bounds__(kThreads, 2)
     FusedV2Kernel(const MatrixDesc* __restrict__ mats,
                   const FusedJobV2* __restrict__ jobs, int stage_bytes,
@@ -373,6 +618,22 @@ __global__ void __launch_bounds__(kThreads, 2)
     any |= act[s];
   }
 
+  // v3: the warp's role (RoleSliceMma's template arguments), when every
+  // slot of the job lies inside the matrix: 0 off-diagonal (4 slots of
+  // strip0), 1 diagonal even warp (5 of strip0), 2 + n0 diagonal odd warp
+  // (n0 = 3 - p slots of strip p, then 4 - n0 of strip 7 - p); -1: edge job.
+  int role = -1;
+  uint32_t rb0 = 0, rb1 = 0;  // RoleSliceMma's B offsets
+  if constexpr (kChain > 0) {
+    const bool full = vr >= kRowTile && vc >= (diag ? kRowTile : kColTile);
+    if (full) role = !diag ? 0 : ((warp & 1) == 0 ? 1 : 2 + (3 - (warp >> 1)));
+    // The first slot of each strip (odd warps: strip1's first is n0).
+    const int n0 = (warp & 1) != 0 && diag ? 3 - (warp >> 1) : 0;
+    rb0 = BOff<kMutant>(SlotAt(diag, warp, 0, vr, vc), diag, lane);
+    rb1 = BOff<kMutant>(SlotAt(diag, warp, n0, vr, vc), diag, lane);
+  }
+  constexpr int kBStride = kMutant ? 0 : 16 * kRowBytes;
+
   const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const int lrow = lane & 15, lbyte = (lane >> 4) * 16;
   const uint32_t a0_off = (16 * strip0 + lrow) * kRowBytes + lbyte;
@@ -395,8 +656,15 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[s][h][r] = 0.0f;
 
+  // v3, 16-bit inputs: ||W||_F^2 is the sum of the Gram's diagonal
+  // entries (f32, as exact as the other entries: the same chains), and the
+  // row pass only takes max |w| (RowMax16). Overflow of those entries
+  // (|w| > ~1e19) makes the trace Inf with a finite max: the finalize then
+  // says "untrusted", as for any f32 overflow, and the engine falls back.
+  constexpr bool kTraceFromGram = kChain > 0 && !kTf32 && !kRowPass;
   double tsum = 0.0;
   float tmax = 0.0f;
+  uint32_t tbits = 0;  // kTraceFromGram: RowMax16's two u16 lanes
   int nks = (m.k + kBK - 1) / kBK;
   int first = 0, rot = 0;
   if constexpr (kProbe) {
@@ -427,13 +695,63 @@ __global__ void __launch_bounds__(kThreads, 2)
     V2CpAsyncCommit();
 
     const int st = (ks % kStages) * stage_bytes;
-    if (diag) RowStats<T>(smem + st, &tsum, &tmax);
+    if (diag) {
+      if constexpr (kTraceFromGram) {
+        RowMax16(smem + st, &tbits);
+      } else {
+        RowStats<T>(smem + st, &tsum, &tmax);
+      }
+    }
     if (!any || (kProbe && (probe & kProbeNoMma))) continue;
     const uint32_t a_base = sbase + st;
     const uint32_t b_base = diag ? a_base : a_base + kABytes;
 
-    if constexpr (kStages == kStagesDiag) {
-      // Diagonal-only launches: per-slot branches (H200, 2026-11-29: 0.398
+    if constexpr (kChain > 0) {
+      // v3. The switch is warp-uniform and taken once per slice.
+      switch (role) {
+        case 0:
+          RoleSliceMma<T, 4, 0, kChain, kBStride>(a_base, a0_off, a1_off, b_base, rb0,
+                                                   rb1, acc);
+          break;
+        case 1:
+          RoleSliceMma<T, 5, 0, kChain, kBStride>(a_base, a0_off, a1_off, b_base, rb0,
+                                                   rb1, acc);
+          break;
+        case 2:
+          RoleSliceMma<T, 0, 4, kChain, kBStride>(a_base, a0_off, a1_off, b_base, rb0,
+                                                   rb1, acc);
+          break;
+        case 3:
+          RoleSliceMma<T, 1, 3, kChain, kBStride>(a_base, a0_off, a1_off, b_base, rb0,
+                                                   rb1, acc);
+          break;
+        case 4:
+          RoleSliceMma<T, 2, 2, kChain, kBStride>(a_base, a0_off, a1_off, b_base, rb0,
+                                                   rb1, acc);
+          break;
+        case 5:
+          RoleSliceMma<T, 3, 1, kChain, kBStride>(a_base, a0_off, a1_off, b_base, rb0,
+                                                   rb1, acc);
+          break;
+        default: {
+          // Edge jobs: slots recomputed here, not kept live (registers).
+          uint32_t eb[kSlots];
+          bool eu[kSlots];
+#pragma unroll
+          for (int s = 0; s < kSlots; ++s) {
+            const SlotMap sm = SlotAt(diag, warp, s, vr, vc);
+            eb[s] = BOff<kMutant>(sm, diag, lane);
+            eu[s] = sm.use1;
+          }
+          if (diag) {
+            SliceMmaChain<T, kSlots, kChain>(a_base, a0_off, a1_off, b_base, eb, eu, acc);
+          } else {
+            SliceMmaChain<T, 4, kChain>(a_base, a0_off, a1_off, b_base, eb, eu, acc);
+          }
+        }
+      }
+    } else if constexpr (kStages == kStagesDiag) {
+      // v2, diagonal-only launches: per-slot branches (H200, 2026-11-29: 0.398
       // ms for 480 x 128x4096 bf16, against 0.418 with SliceMma).
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
@@ -500,25 +818,43 @@ __global__ void __launch_bounds__(kThreads, 2)
   double sacc = 0.0;
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
-    if (!act[s]) continue;
-    const int row = 16 * (use1[s] ? strip1 : strip0) + (lane >> 2);
+    // v3 recomputes the slot (registers); v2 keeps its arrays (as measured).
+    SlotMap sm;
+    if constexpr (kChain > 0) {
+      sm = SlotAt(diag, warp, s, vr, vc);
+    } else {
+      sm = SlotMap{use1[s] ? strip1 : strip0, grp[s], use1[s], act[s]};
+    }
+    if (!sm.act) continue;
+    const int row = 16 * sm.strip + (lane >> 2);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int rr = row + 8 * (r >> 1);
-        const int cc = 16 * grp[s] + 8 * h + 2 * (lane & 3) + (r & 1);
+        const int cc = 16 * sm.grp + 8 * h + 2 * (lane & 3) + (r & 1);
         // Diagonal jobs: row0 == col0, so local indices compare as global.
         const double w = !diag ? 2.0 : (rr < cc ? 2.0 : (rr == cc ? 1.0 : 0.0));
         const double v = acc[s][h][r];
         sacc = fma(w * v, v, sacc);
+        if constexpr (kTraceFromGram) {
+          if (diag && rr == cc) tsum += v;
+        }
       }
+  }
+  if constexpr (kTraceFromGram) {
+    uint32_t b = max(tbits >> 16, tbits & 0xffffu);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) b = max(b, __shfl_xor_sync(0xffffffffu, b, off));
+    tmax = AbsBitsToFloat<T>(b);
   }
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) {
     sacc += __shfl_xor_sync(0xffffffffu, sacc, off);
     tsum += __shfl_xor_sync(0xffffffffu, tsum, off);
-    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+    if constexpr (!kTraceFromGram) {
+      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+    }
   }
   __shared__ double red_s[kWarps], red_t[kWarps];
   __shared__ float red_m[kWarps];
@@ -534,7 +870,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int w = 0; w < kWarps; ++w) {
       bs += red_s[w];
       bt += red_t[w];
-      bm = fmaxf(bm, red_m[w]);
+      bm = MaxKeepNaN(bm, red_m[w]);  // v2's values are never NaN: as fmaxf
     }
     g2[blockIdx.x] = bs;
     trace[blockIdx.x] = bt;
@@ -542,15 +878,18 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-template <typename T, bool kMutant>
+// kChain: the live policy's for T unless a benchmark asks for another
+// (0: v2's code).
+template <typename T, bool kMutant, int kChain = LiveChain<T>(), bool kRowPass = false>
 cudaError_t LaunchFusedV2T(const MatrixDesc* mats, const FusedJobV2* jobs,
                            int num_jobs, bool any_offdiagonal, double* g2,
                            double* trace, float* maxabs, cudaStream_t stream) {
   if (num_jobs <= 0) return cudaSuccess;
   const int stage_bytes = any_offdiagonal ? kABytes + kBBytes : kABytes;
   const int smem = (any_offdiagonal ? kStagesMixed : kStagesDiag) * stage_bytes;
-  auto* kernel = any_offdiagonal ? FusedV2Kernel<T, kMutant, kStagesMixed>
-                                 : FusedV2Kernel<T, kMutant, kStagesDiag>;
+  auto* kernel = any_offdiagonal
+                     ? FusedV2Kernel<T, kMutant, kStagesMixed, kChain, false, kRowPass>
+                     : FusedV2Kernel<T, kMutant, kStagesDiag, kChain, false, kRowPass>;
   // Above 48 KB needs the opt-in; and the whole carveout as shared memory so
   // that two blocks of 108 KB fit an SM. Cheap, per device: set every time.
   cudaError_t e = cudaFuncSetAttribute(
@@ -564,7 +903,7 @@ cudaError_t LaunchFusedV2T(const MatrixDesc* mats, const FusedJobV2* jobs,
   return cudaGetLastError();
 }
 
-// The benchmark's probe: bf16 v2 with the probe flags and `splits` blocks
+// The benchmark's probe: bf16, the live kernel (v3) with the probe flags and `splits` blocks
 // per job (each a contiguous 1/splits of K; outputs per block, not summed:
 // timing only).
 inline cudaError_t LaunchFusedV2ProbeBf16(const MatrixDesc* mats,
@@ -577,8 +916,8 @@ inline cudaError_t LaunchFusedV2ProbeBf16(const MatrixDesc* mats,
   const int stage_bytes = any_offdiagonal ? kABytes + kBBytes : kABytes;
   const int smem = (any_offdiagonal ? kStagesMixed : kStagesDiag) * stage_bytes;
   auto* kernel = any_offdiagonal
-                     ? FusedV2Kernel<__nv_bfloat16, false, kStagesMixed, true>
-                     : FusedV2Kernel<__nv_bfloat16, false, kStagesDiag, true>;
+                     ? FusedV2Kernel<__nv_bfloat16, false, kStagesMixed, kLiveChain, true>
+                     : FusedV2Kernel<__nv_bfloat16, false, kStagesDiag, kLiveChain, true>;
   cudaError_t e = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
@@ -590,7 +929,8 @@ inline cudaError_t LaunchFusedV2ProbeBf16(const MatrixDesc* mats,
   return cudaGetLastError();
 }
 
-template <bool kMutant>
+// kChain < 0: the live policy's chain per dtype.
+template <bool kMutant, int kChain = -1, bool kRowPass = false>
 cudaError_t LaunchFusedV2Dispatch(DType dtype, const MatrixDesc* mats,
                                   const FusedJobV2* jobs, int num_jobs,
                                   bool any_offdiagonal, double* g2,
@@ -598,15 +938,16 @@ cudaError_t LaunchFusedV2Dispatch(DType dtype, const MatrixDesc* mats,
                                   cudaStream_t stream) {
   switch (dtype) {
     case DType::kF32:
-      return LaunchFusedV2T<float, kMutant>(mats, jobs, num_jobs,
-                                            any_offdiagonal, g2, trace, maxabs,
-                                            stream);
+      return LaunchFusedV2T<float, kMutant, kChain < 0 ? LiveChain<float>() : kChain,
+                            kRowPass>(
+          mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, stream);
     case DType::kF16:
-      return LaunchFusedV2T<__half, kMutant>(mats, jobs, num_jobs,
-                                             any_offdiagonal, g2, trace,
-                                             maxabs, stream);
+      return LaunchFusedV2T<__half, kMutant, kChain < 0 ? LiveChain<__half>() : kChain,
+                            kRowPass>(
+          mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, stream);
     case DType::kBF16:
-      return LaunchFusedV2T<__nv_bfloat16, kMutant>(
+      return LaunchFusedV2T<__nv_bfloat16, kMutant,
+                            kChain < 0 ? LiveChain<__nv_bfloat16>() : kChain, kRowPass>(
           mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, stream);
   }
   return cudaErrorInvalidValue;

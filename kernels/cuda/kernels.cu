@@ -53,6 +53,26 @@ cudaError_t LaunchFusedV2(DType dtype, const MatrixDesc* mats,
                                                 maxabs, stream);
 }
 
+cudaError_t LaunchFusedV2Chain(int chain, bool row_pass, DType dtype,
+                               const MatrixDesc* mats,
+                               const FusedJobV2* jobs, int num_jobs,
+                               bool any_offdiagonal, double* g2, double* trace,
+                               float* maxabs, cudaStream_t stream) {
+  switch (chain) {
+    case 0:
+      return fused_v2::LaunchFusedV2Dispatch<false, 0>(
+          dtype, mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, stream);
+    case 4:
+      if (row_pass) {
+        return fused_v2::LaunchFusedV2Dispatch<false, 4, true>(
+            dtype, mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, stream);
+      }
+      return fused_v2::LaunchFusedV2Dispatch<false, 4>(
+          dtype, mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
 cudaError_t LaunchFusedV2Probe(const MatrixDesc* mats, const FusedJobV2* jobs,
                                int num_jobs, bool any_offdiagonal, double* g2,
                                double* trace, float* maxabs, int probe,
@@ -123,11 +143,17 @@ __global__ void FinalizeKernel(const MatrixDesc* mats, const int32_t* job_begin,
   }
   const MatrixDesc d = mats[m];
   if (!isfinite(t)) {
+    // NaN or Inf in the matrix (then t is NaN, or mx is Inf or NaN); or,
+    // with fused v3's trace from f32 Gram entries (16-bit inputs), the
+    // entries overflowed at finite |w| (t = Inf, mx finite): untrusted, as
+    // any f32 overflow. Exact float64 traces never overflow.
     pr[m] = nan("");
-    status[m] = kStatusNonFinite;
+    status[m] = isinf(t) && isfinite(mx) ? kStatusUntrusted : kStatusNonFinite;
     return;
   }
-  if (t == 0.0) {  // all zero: no spectrum
+  // All zero: no spectrum. (t == 0 with mx > 0: v3's f32 trace underflowed;
+  // the trust test below then fails.)
+  if (t == 0.0 && mx == 0.0f) {
     pr[m] = 0.0;
     status[m] = kStatusOk;
     return;

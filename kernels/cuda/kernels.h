@@ -51,6 +51,18 @@ cudaError_t LaunchFusedV2(DType dtype, const MatrixDesc* mats,
                           bool any_offdiagonal, double* g2, double* trace,
                           float* maxabs, cudaStream_t stream);
 
+// Benchmark hook (rvd_bench_gpu --ab): the wide kernel with `chain` k-steps
+// per fresh accumulator, for every dtype: 0 = v2's code (a fresh
+// accumulator per MMA, no warp-role code), 4 = v3's code (the live kernel
+// for bf16/f16; f32 runs v2's code live, see kFusedPolicyV3Sm90); row_pass
+// (v3): ||W||_F^2 from v2's row pass instead of the Gram's diagonal. Other
+// values: cudaErrorInvalidValue.
+cudaError_t LaunchFusedV2Chain(int chain, bool row_pass, DType dtype,
+                               const MatrixDesc* mats,
+                               const FusedJobV2* jobs, int num_jobs,
+                               bool any_offdiagonal, double* g2, double* trace,
+                               float* maxabs, cudaStream_t stream);
+
 // Benchmark hook (rvd_bench_gpu --probe): bf16 v2 with probe flags (1: no
 // MMA, 2: no loads after the prologue, 4: rotated K start) and `splits`
 // blocks per job over contiguous parts of K. Outputs per block (num_jobs x

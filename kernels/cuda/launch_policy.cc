@@ -7,12 +7,12 @@
 namespace rvd::cuda {
 
 std::string KernelVersion(int sm_major, int sm_minor) {
-  return absl::StrCat("cuda-fused-v2/sm", sm_major, sm_minor, "/",
-                      kFusedPolicyV2Sm90.name, "+tall:", kFusedPolicySm90.name);
+  return absl::StrCat("cuda-fused-v3/sm", sm_major, sm_minor, "/",
+                      kFusedPolicyV3Sm90.name, "+tall:", kFusedPolicySm90.name);
 }
 
 const LaunchPolicy& FusedPolicyFor(int64_t rows, int64_t cols) {
-  return rows <= cols ? kFusedPolicyV2Sm90 : kFusedPolicySm90;
+  return rows <= cols ? kFusedPolicyV3Sm90 : kFusedPolicySm90;
 }
 
 void AppendFusedJobsV2(int32_t matrix, int64_t side, const LaunchPolicy& p,

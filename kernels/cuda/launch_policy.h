@@ -32,6 +32,8 @@ struct LaunchPolicy {
   int col_tile = 0;      // Gram columns of an off-diagonal job (v2); 0: block_tile
   int blocks_per_sm = 1;  // resident blocks per SM the kernel is built for
   int stages_offdiag = 0;  // stages in launches with off-diagonal jobs (v2); 0: stages
+  int chain_ksteps = 1;  // MMA k-steps per fresh f32 accumulator (v3; v2: 1)
+  int chain_ksteps_f32 = 0;  // the same for f32 inputs; 0: v2's code
 };
 
 // sm_90 (H200), the only tuned target. Values and where they came from:
@@ -83,12 +85,48 @@ inline constexpr LaunchPolicy kFusedPolicySm90{"fused-v1-bt128w8s4", 128, 8, 32,
 inline constexpr LaunchPolicy kFusedPolicyV2Sm90{
     "fused-v2-bt128x64w8s6b2", 128, 8, 16, 128, 6, 3, 64, 2, 4};
 
+// v3 (live for wide bf16/f16 W since 2026-11-29, H200 device run 13): v2's
+// tiling, stages and registers with fewer instructions per MMA (same kernel
+// file, kChain > 0). Measured in one binary, interleaved A-B-C
+// (rvd_bench_gpu --ab, kernel + finalize ms, spread <= 0.005 for bf16):
+//                       v2      v3 chain 2  v3 chain 4  v3 chain 4
+//                                (row pass)  (row pass)  (Gram trace, live)
+//   480 x 128x4096 bf16 0.418   0.448       0.318       0.346
+//   256 x 128x4096 bf16 0.213   0.233       0.186       0.180
+//   32 x 1024x4096 bf16 1.034   1.545       1.022       0.895
+//   480 x 128x4096 f32  1.716   1.922       1.807       (f32: row pass)
+// (chain 2: run 12; the other columns: run 13, where v2 and the row-pass
+// column repeat run 12's values within 0.004 ms.)
+//   chain_ksteps 4: a fresh accumulator per K-slice (v2: every MMA),
+//     chained on the tensor cores and added to the f32 sums with round to
+//     nearest: a quarter of v2's FADDs. Chains of 2 were slower than v2
+//     (ptxas -v: 80-120 bytes of spills, against 44-68 for chains of 4).
+//     Max rel error vs float64 SVD (run 13; flat, power-law, rank-1,
+//     Gaussian; 128 and 256 x 4096): bf16 9.1e-8, f16 1.7e-7 with the
+//     Gram trace (row pass: 2.0e-7, 3.9e-7; v2: 9.9e-8, 1.1e-7); 2e-6 is
+//     the tolerance.
+//   chain_ksteps_f32 0: 3xTF32 keeps v2's code: with chains of 4 it was 5%
+//     slower (1.807 vs 1.716 ms; ptxas: 632 bytes of spills) and less exact
+//     (5.5e-7 vs 2.1e-7). (In launches with off-diagonal jobs chains were
+//     faster, 32 x 1024x4096 f32 6.21 -> 5.53 ms, but a matrix must get the
+//     same bits in every launch, so the choice is per dtype.)
+//   16-bit inputs: ||W||_F^2 from the Gram's diagonal, row pass = max |w|
+//     only (RowMax16). Faster where off-diagonal jobs dominate (1024 case
+//     -12%), slower for 480 x 128 (+9% against the row pass; cause not yet
+//     measured, see NOTES.md).
+//   warp roles as code (RoleSliceMma): each warp's strips and slots are
+//     template arguments (no selects, no per-slot predicates; each strip's
+//     A fragments loaded once per chain); edge jobs take SliceMmaChain.
+// Other values and where they were measured: kFusedPolicyV2Sm90 above.
+inline constexpr LaunchPolicy kFusedPolicyV3Sm90{
+    "fused-v3-bt128x64w8s6b2c4", 128, 8, 16, 128, 6, 3, 64, 2, 4, 4, 0};
+
 // The kernel version string, e.g.
-// "cuda-fused-v2/sm90/fused-v2-...+tall:fused-v1-...": the policies that
+// "cuda-fused-v3/sm90/fused-v3-...+tall:fused-v1-...": the policies that
 // serve wide and tall matrices.
 std::string KernelVersion(int sm_major, int sm_minor);
 
-// Which fused policy serves a rows x cols matrix: v2 for wide (rows <=
+// Which fused policy serves a rows x cols matrix: v3 for wide (rows <=
 // cols), v1 for tall.
 const LaunchPolicy& FusedPolicyFor(int64_t rows, int64_t cols);
 

@@ -112,8 +112,8 @@ TEST(LaunchPolicy, PackedRowsAre16ByteAligned) {
 
 TEST(LaunchPolicy, VersionNamesTheKernel) {
   const std::string v = KernelVersion(9, 0);
-  EXPECT_NE(v.find("cuda-fused-v2/sm90"), std::string::npos) << v;
-  EXPECT_NE(v.find(kFusedPolicyV2Sm90.name), std::string::npos) << v;
+  EXPECT_NE(v.find("cuda-fused-v3/sm90"), std::string::npos) << v;
+  EXPECT_NE(v.find(kFusedPolicyV3Sm90.name), std::string::npos) << v;
   EXPECT_NE(v.find(kFusedPolicySm90.name), std::string::npos) << v;
 }
 
@@ -121,7 +121,7 @@ TEST(LaunchPolicy, VersionNamesTheKernel) {
 // jobs g >= strip with weight 0/1/2 inside diagonal blocks; off-diagonal
 // jobs 8 x 4 blocks, weight 2), weight every entry of the Gram once.
 TEST(LaunchPolicy, V2JobsWeightEveryGramEntryOnce) {
-  const LaunchPolicy& p = kFusedPolicyV2Sm90;
+  const LaunchPolicy& p = kFusedPolicyV3Sm90;  // v3 keeps v2's jobs
   for (int64_t side : {1, 7, 64, 127, 128, 129, 200, 257, 300, 1024}) {
     std::vector<FusedJobV2> jobs;
     AppendFusedJobsV2(3, side, p, &jobs);
