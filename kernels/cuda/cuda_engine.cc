@@ -19,7 +19,10 @@
 //   sketch     (estimate) the CPU engine's Gaussian sketch: Y = Omega W on
 //              cuBLAS, the mean of the squared off-diagonal entries of Y Y^T.
 //
-// Host batches are packed into pinned staging (rows padded to 16 bytes),
+// A host batch whose views share bytes (a layer's V and the row blocks of its
+// heads, as the daemon sends them) is uploaded once per distinct byte range,
+// straight from the caller's memory, and computed on device views.
+// Other host batches are packed into pinned staging (rows padded to 16 bytes),
 // copied in chunks on low-priority streams, two contexts ping-ponging so that
 // chunk i+1 is packed and copied while chunk i computes. Matrices whose f32
 // Gram could over- or underflow (|w| beyond ~1e15 or below ~1e-15), flagged
@@ -69,6 +72,7 @@ struct Context {
   cublasHandle_t cublas = nullptr;      // created on first use
   cusolverDnHandle_t cusolver = nullptr;  // created on first use
   DeviceBuffer input;   // packed host inputs
+  DeviceBuffer shared;  // host ranges that several views share, uploaded once
   DeviceBuffer work;    // descriptors, partial sums, workspaces
   PinnedBuffer staging;  // host inputs, packed
   PinnedBuffer up;       // descriptors on their way to the device
@@ -131,7 +135,7 @@ struct Context {
     if (stream != nullptr) cudaStreamSynchronize(stream);
     if (cublas != nullptr) cublasDestroy(cublas);
     if (cusolver != nullptr) cusolverDnDestroy(cusolver);
-    for (DeviceBuffer* b : {&input, &work}) {
+    for (DeviceBuffer* b : {&input, &shared, &work}) {
       if (b->ptr != nullptr) {
         cudaFree(b->ptr);
         engine->Uncharge(b->size);
@@ -1116,7 +1120,159 @@ absl::StatusOr<Kind> ParseVariant(const VariantSpec& v) {
       absl::StrJoin(KnownVariants(), ", "), ")"));
 }
 
+// The distinct host byte ranges a batch covers, and where each view lands
+// when those ranges are copied into one device buffer. Device offsets keep
+// each range's host address modulo 256, so row alignment is unchanged.
+struct SharedRanges {
+  struct Range {
+    const unsigned char* lo;
+    const unsigned char* hi;
+    uint64_t device_offset;
+  };
+  std::vector<Range> ranges;          // sorted by lo, disjoint
+  std::vector<uint64_t> view_offset;  // device offset of each view's data
+  uint64_t unique_bytes = 0;          // bytes in `ranges`
+  uint64_t view_bytes = 0;            // bytes of all views, counted apart
+  uint64_t device_bytes = 0;          // device buffer size needed
+};
+
+SharedRanges MergeHostRanges(absl::Span<const MatrixView> batch) {
+  SharedRanges r;
+  auto lo = [&](size_t i) {
+    return static_cast<const unsigned char*>(batch[i].data);
+  };
+  auto hi = [&](size_t i) {
+    const MatrixView& v = batch[i];
+    return lo(i) + ((v.rows - 1) * v.ld + v.cols) * DTypeSize(v.dtype);
+  };
+  std::vector<size_t> order(batch.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return lo(a) < lo(b); });
+  std::vector<size_t> range_of(batch.size());
+  for (size_t i : order) {
+    r.view_bytes += static_cast<uint64_t>(hi(i) - lo(i));
+    if (r.ranges.empty() || lo(i) > r.ranges.back().hi) {
+      r.ranges.push_back({lo(i), hi(i), 0});
+    } else {
+      r.ranges.back().hi = std::max(r.ranges.back().hi, hi(i));
+    }
+    range_of[i] = r.ranges.size() - 1;
+  }
+  for (SharedRanges::Range& range : r.ranges) {
+    const uint64_t shift = reinterpret_cast<uintptr_t>(range.lo) % 256;
+    range.device_offset = (r.device_bytes + 255) / 256 * 256 + shift;
+    r.device_bytes = range.device_offset + (range.hi - range.lo);
+    r.unique_bytes += range.hi - range.lo;
+  }
+  r.view_offset.resize(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SharedRanges::Range& range = r.ranges[range_of[i]];
+    r.view_offset[i] = range.device_offset + (lo(i) - range.lo);
+  }
+  return r;
+}
+
+
+// Copies views that are not 16-byte aligned (base or row pitch) into
+// ctx.input with padded rows, device to device, and points them there.
+absl::Status RepackUnaligned(Context& ctx, std::vector<MatrixView>& views) {
+  std::vector<uint64_t> offset(views.size(), UINT64_MAX);
+  std::vector<int64_t> lds(views.size());
+  uint64_t total = 0;
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (MakeDesc(views[i]).aligned) continue;
+    offset[i] = total;
+    total += PackedBytes(views[i], &lds[i]);
+  }
+  if (total == 0) return absl::OkStatus();
+  absl::Status s = ctx.EnsureDevice(ctx.input, total);
+  if (!s.ok()) return s;
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (offset[i] == UINT64_MAX) continue;
+    MatrixView& v = views[i];
+    const size_t es = DTypeSize(v.dtype);
+    void* dst = At<unsigned char>(ctx.input.ptr, offset[i]);
+    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dst, lds[i] * es, v.data, v.ld * es,
+                                               v.cols * es, v.rows,
+                                               cudaMemcpyDeviceToDevice, ctx.stream));
+    v.data = dst;
+    v.ld = lds[i];
+  }
+  return absl::OkStatus();
+}
+
+// Runs `views` (device pointers) on ctx and waits for `out`.
+absl::Status EnqueueAndCollect(Context& ctx, Runner& runner, Kind kind,
+                               std::vector<MatrixView>& views,
+                               absl::Span<double> out) {
+  // cuBLAS's batched GEMMs misread views whose base or rows are not
+  // 16-byte aligned (run 2: 4% off for bf16 at a 2-byte offset): the
+  // algebraic variant gets aligned device copies of those.
+  if (kind == Kind::kAlgebraic) {
+    absl::Status s = RepackUnaligned(ctx, views);
+    if (!s.ok()) return s;
+  }
+  absl::Status s = runner.Enqueue(ctx, views, 0);
+  if (s.ok()) s = runner.Collect(ctx, {}, out);
+  return s;
+}
+
 }  // namespace
+
+absl::Status CudaEngine::ComputeShared(absl::Span<const MatrixView> batch,
+                                       const VariantSpec& variant,
+                                       absl::Span<double> out, bool* used) {
+  *used = false;
+  absl::StatusOr<Kind> kind = ParseVariant(variant);
+  if (!kind.ok()) return kind.status();
+  const SharedRanges r = MergeHostRanges(batch);
+  Runner runner(this, variant, *kind, use_mutant_.load());
+  // Worth it when sharing saves a fifth of the bytes and the ranges fit one
+  // context's budget; else the chunked, packed path.
+  if (r.unique_bytes * 5 > r.view_bytes * 4 ||
+      r.device_bytes > runner.Budget()) {
+    return absl::OkStatus();
+  }
+  *used = true;
+  Context* ctx = Acquire(true);
+  absl::Status status;
+  {
+    auto release = absl::MakeCleanup([&] {
+      cudaStreamSynchronize(ctx->stream);
+      ctx->pending = 0;
+      Release(ctx);
+    });
+    status = ctx->EnsureDevice(ctx->shared, r.device_bytes);
+    if (status.code() == absl::StatusCode::kResourceExhausted) {
+      // Other contexts hold the cap now: the packed path needs less.
+      *used = false;
+      return absl::OkStatus();
+    }
+    for (size_t k = 0; status.ok() && k < r.ranges.size(); ++k) {
+      const SharedRanges::Range& range = r.ranges[k];
+      status = cuda_internal::ToStatus(
+          cudaMemcpyAsync(
+              At<unsigned char>(ctx->shared.ptr, range.device_offset),
+              range.lo, range.hi - range.lo, cudaMemcpyHostToDevice,
+              ctx->stream),
+          "cudaMemcpyAsync(shared)", __FILE__, __LINE__);
+    }
+    if (!status.ok()) return status;
+    std::vector<MatrixView> views(batch.begin(), batch.end());
+    for (size_t i = 0; i < views.size(); ++i) {
+      views[i].data = At<unsigned char>(ctx->shared.ptr, r.view_offset[i]);
+    }
+    status = EnqueueAndCollect(*ctx, runner, *kind, views, out);
+  }
+  if (status.ok()) {
+    for (const auto& [key, n] :
+         runner.Served(static_cast<int64_t>(batch.size()))) {
+      Count(key, n);
+    }
+  }
+  return status;
+}
 
 absl::Status CudaEngine::ComputePR(absl::Span<const MatrixView> batch,
                                    const VariantSpec& variant,
@@ -1134,6 +1290,9 @@ absl::Status CudaEngine::ComputePR(absl::Span<const MatrixView> batch,
   }
   if (batch.empty()) return absl::OkStatus();
   RVD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  bool shared = false;
+  absl::Status shared_status = ComputeShared(batch, variant, out, &shared);
+  if (shared) return shared_status;
 
   Runner runner(this, variant, *kind, use_mutant_.load());
   std::vector<uint64_t> sizes(batch.size());
@@ -1206,38 +1365,6 @@ absl::Status CudaEngine::ComputePR(absl::Span<const MatrixView> batch,
   return status;
 }
 
-namespace {
-
-// Copies views that are not 16-byte aligned (base or row pitch) into
-// ctx.input with padded rows, device to device, and points them there.
-absl::Status RepackUnaligned(Context& ctx, std::vector<MatrixView>& views) {
-  std::vector<uint64_t> offset(views.size(), UINT64_MAX);
-  std::vector<int64_t> lds(views.size());
-  uint64_t total = 0;
-  for (size_t i = 0; i < views.size(); ++i) {
-    if (MakeDesc(views[i]).aligned) continue;
-    offset[i] = total;
-    total += PackedBytes(views[i], &lds[i]);
-  }
-  if (total == 0) return absl::OkStatus();
-  absl::Status s = ctx.EnsureDevice(ctx.input, total);
-  if (!s.ok()) return s;
-  for (size_t i = 0; i < views.size(); ++i) {
-    if (offset[i] == UINT64_MAX) continue;
-    MatrixView& v = views[i];
-    const size_t es = DTypeSize(v.dtype);
-    void* dst = At<unsigned char>(ctx.input.ptr, offset[i]);
-    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dst, lds[i] * es, v.data, v.ld * es,
-                                               v.cols * es, v.rows,
-                                               cudaMemcpyDeviceToDevice, ctx.stream));
-    v.data = dst;
-    v.ld = lds[i];
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::Status CudaEngine::ComputePRDevice(
     absl::Span<const MatrixView> device_batch, const VariantSpec& variant,
     absl::Span<double> out, cudaStream_t stream) {
@@ -1274,15 +1401,8 @@ absl::Status CudaEngine::ComputePRDevice(
                         "cudaStreamWaitEvent", __FILE__, __LINE__);
     }
     cudaEventDestroy(ready);
-    // cuBLAS's batched GEMMs misread views whose base or rows are not
-    // 16-byte aligned (run 2: 4% off for bf16 at a 2-byte offset): the
-    // algebraic variant gets aligned device copies of those.
     std::vector<MatrixView> views(device_batch.begin(), device_batch.end());
-    if (status.ok() && *kind == Kind::kAlgebraic) {
-      status = RepackUnaligned(*ctx, views);
-    }
-    if (status.ok()) status = runner.Enqueue(*ctx, views, 0);
-    if (status.ok()) status = runner.Collect(*ctx, {}, out);
+    if (status.ok()) status = EnqueueAndCollect(*ctx, runner, *kind, views, out);
   }
   if (status.ok()) {
     for (const auto& [key, n] :

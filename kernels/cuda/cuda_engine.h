@@ -74,6 +74,12 @@ class CudaEngine : public Engine {
   explicit CudaEngine(const CudaEngineOptions& options);
   absl::Status Init();
 
+  // The path for host batches whose views share bytes (see cuda_engine.cc);
+  // sets *used to false, and does nothing, when it does not apply.
+  absl::Status ComputeShared(absl::Span<const MatrixView> batch,
+                             const VariantSpec& variant,
+                             absl::Span<double> out, bool* used);
+
   // Takes a context: waits for one when `wait`, else returns nullptr when
   // none is free.
   Context* Acquire(bool wait);

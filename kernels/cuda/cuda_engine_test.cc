@@ -26,124 +26,17 @@
 #include "kernels/dtype_convert.h"
 #include "kernels/engine.h"
 #include "kernels/pr_check.h"
+#include "kernels/test_matrices.h"
 
 namespace rvd::cuda {
 namespace {
 
 using ::testing::HasSubstr;
 
-enum class Spectrum { kFlat, kPowerLaw, kRankOne, kGaussian };
-const char* SpectrumName(Spectrum s) {
-  switch (s) {
-    case Spectrum::kFlat: return "flat";
-    case Spectrum::kPowerLaw: return "powerlaw";
-    case Spectrum::kRankOne: return "rank1";
-    case Spectrum::kGaussian: return "gaussian";
-  }
-  return "?";
-}
 
-// Rows of a (k x d, row-major) made orthonormal (modified Gram-Schmidt,
-// twice). k <= d.
-void OrthonormalizeRows(std::vector<double>& a, int64_t k, int64_t d) {
-  for (int64_t r = 0; r < k; ++r) {
-    double* x = &a[r * d];
-    for (int pass = 0; pass < 2; ++pass) {
-      for (int64_t p = 0; p < r; ++p) {
-        const double* y = &a[p * d];
-        double dot = 0;
-        for (int64_t i = 0; i < d; ++i) dot += x[i] * y[i];
-        for (int64_t i = 0; i < d; ++i) x[i] -= dot * y[i];
-      }
-    }
-    double nn = 0;
-    for (int64_t i = 0; i < d; ++i) nn += x[i] * x[i];
-    nn = std::sqrt(nn);
-    for (int64_t i = 0; i < d; ++i) x[i] /= nn;
-  }
-}
-
-// A rows x cols matrix (row-major) with the given spectrum family. Flat and
-// power-law: U diag(s) V^T with orthonormal factors of rank q = min(n, 96)
-// plus (for q < n) a Gaussian floor at the level of s_q, so large shapes
-// stay cheap to build. Never zero.
-std::vector<double> MakeMatrix(std::mt19937_64& rng, int64_t rows, int64_t cols,
-                               Spectrum spec) {
-  std::normal_distribution<double> normal;
-  const double scale = std::exp(std::uniform_real_distribution<double>(-2, 2)(rng));
-  std::vector<double> w(static_cast<size_t>(rows * cols));
-  if (spec == Spectrum::kGaussian) {
-    for (double& x : w) x = scale * normal(rng);
-    return w;
-  }
-  if (spec == Spectrum::kRankOne) {
-    std::vector<double> u(rows), v(cols);
-    for (double& x : u) x = normal(rng);
-    for (double& x : v) x = normal(rng);
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t j = 0; j < cols; ++j) w[i * cols + j] = scale * u[i] * v[j];
-    return w;
-  }
-  const int64_t n = std::min(rows, cols);
-  const int64_t q = std::min<int64_t>(n, 96);
-  std::vector<double> u(static_cast<size_t>(q * rows)), v(static_cast<size_t>(q * cols));
-  for (double& x : u) x = normal(rng);
-  for (double& x : v) x = normal(rng);
-  OrthonormalizeRows(u, q, rows);
-  OrthonormalizeRows(v, q, cols);
-  const double amp = scale * std::sqrt(static_cast<double>(std::max(rows, cols)));
-  auto sv = [&](int64_t c) {
-    return spec == Spectrum::kFlat ? 1.0 : std::pow(static_cast<double>(c + 1), -0.7);
-  };
-  const double floor = q < n ? sv(q) / std::sqrt(static_cast<double>(std::max(rows, cols))) : 0.0;
-  for (int64_t c = 0; c < q; ++c) {
-    const double s = amp * sv(c);
-    for (int64_t i = 0; i < rows; ++i) {
-      const double us = s * u[c * rows + i];
-      double* wr = &w[i * cols];
-      const double* vc = &v[c * cols];
-      for (int64_t j = 0; j < cols; ++j) wr[j] += us * vc[j];
-    }
-  }
-  if (floor > 0) {
-    for (double& x : w) x += amp * floor * normal(rng);
-  }
-  return w;
-}
-
-struct Stored {
-  std::vector<uint8_t> bytes;
-  MatrixView view;
-  std::string label;
-};
-
-Stored Store(const std::vector<double>& w, int64_t rows, int64_t cols,
-             DType dtype, int64_t pad, const std::string& label) {
-  Stored st;
-  const int64_t ld = cols + pad;
-  const size_t es = DTypeSize(dtype);
-  st.bytes.resize(static_cast<size_t>(rows * ld) * es);
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < ld; ++j) {
-      const float f = j < cols ? static_cast<float>(w[i * cols + j]) : nan;
-      uint8_t* p = st.bytes.data() + static_cast<size_t>(i * ld + j) * es;
-      if (dtype == DType::kF32) {
-        std::memcpy(p, &f, 4);
-      } else {
-        const uint16_t h = dtype == DType::kF16 ? FloatToHalf(f) : FloatToBFloat16(f);
-        std::memcpy(p, &h, 2);
-      }
-    }
-  }
-  st.view = MatrixView{st.bytes.data(), rows, cols, ld, dtype};
-  st.label = absl::StrCat(label, " ", rows, "x", cols, " ld=", ld, " ", DTypeName(dtype));
-  return st;
-}
-
-std::vector<double> Oracle(const std::vector<Stored>& suite) {
+std::vector<double> Oracle(const std::vector<StoredMatrix>& suite) {
   std::vector<double> ref;
-  for (const Stored& s : suite) {
+  for (const StoredMatrix& s : suite) {
     absl::StatusOr<double> pr = OraclePR(s.view);
     EXPECT_TRUE(pr.ok()) << pr.status();
     ref.push_back(pr.ok() ? *pr : std::nan(""));
@@ -161,8 +54,8 @@ struct DeviceSuite {
   }
 };
 
-void ToDevice(const std::vector<Stored>& suite, int offset_elems, DeviceSuite* d) {
-  for (const Stored& s : suite) {
+void ToDevice(const std::vector<StoredMatrix>& suite, int offset_elems, DeviceSuite* d) {
+  for (const StoredMatrix& s : suite) {
     const size_t es = DTypeSize(s.view.dtype);
     void* p = nullptr;
     ASSERT_EQ(cudaMalloc(&p, s.bytes.size() + 64), cudaSuccess);
@@ -176,9 +69,9 @@ void ToDevice(const std::vector<Stored>& suite, int offset_elems, DeviceSuite* d
   }
 }
 
-std::vector<MatrixView> Views(const std::vector<Stored>& suite) {
+std::vector<MatrixView> Views(const std::vector<StoredMatrix>& suite) {
   std::vector<MatrixView> v;
-  for (const Stored& s : suite) v.push_back(s.view);
+  for (const StoredMatrix& s : suite) v.push_back(s.view);
   return v;
 }
 
@@ -190,7 +83,7 @@ std::vector<double> Poisoned(size_t n) {
 
 // Reports mismatches with labels; returns the check result.
 CheckResult Check(const std::vector<double>& got, const std::vector<double>& ref,
-                  const std::vector<Stored>& suite, const std::string& what) {
+                  const std::vector<StoredMatrix>& suite, const std::string& what) {
   CheckResult r = CheckPR(got, ref, kExactPrTolerance);
   if (r.mismatches > 0) {
     std::string labels;
@@ -230,12 +123,11 @@ struct Shape {
   int64_t rows, cols;
 };
 
-std::vector<Stored> Suite(std::mt19937_64& rng, DType dtype,
+std::vector<StoredMatrix> Suite(std::mt19937_64& rng, DType dtype,
                           const std::vector<Shape>& shapes, int64_t pad = 0) {
-  std::vector<Stored> suite;
+  std::vector<StoredMatrix> suite;
   for (const Shape& sh : shapes) {
-    for (Spectrum sp : {Spectrum::kFlat, Spectrum::kPowerLaw, Spectrum::kRankOne,
-                        Spectrum::kGaussian}) {
+    for (Spectrum sp : kAllSpectra) {
       suite.push_back(Store(MakeMatrix(rng, sh.rows, sh.cols, sp), sh.rows, sh.cols,
                             dtype, pad, SpectrumName(sp)));
     }
@@ -256,7 +148,7 @@ TEST_F(CudaEngineTest, VersionAndDefault) {
 
 TEST_F(CudaEngineTest, ExactVariantsMatchOracle) {
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
-    const std::vector<Stored> suite = Suite(rng_, dt, kShapes, dt == DType::kF32 ? 3 : 0);
+    const std::vector<StoredMatrix> suite = Suite(rng_, dt, kShapes, dt == DType::kF32 ? 3 : 0);
     const std::vector<double> ref = Oracle(suite);
     for (const char* name : {"fused", "algebraic"}) {
       std::vector<double> out = Poisoned(suite.size());
@@ -282,7 +174,7 @@ TEST_F(CudaEngineTest, ExactVariantsMatchOracle) {
 // v2 (wide) and v1 (tall) jobs in one call, several dtypes interleaved: each
 // matrix's bits equal those of the matrix alone, and match the oracle.
 TEST_F(CudaEngineTest, MixedPoliciesAndDtypesInOneCall) {
-  std::vector<Stored> suite;
+  std::vector<StoredMatrix> suite;
   const std::vector<Shape> shapes = {{128, 4096}, {4096, 128}, {257, 3001}, {300, 40},
                                      {1, 512}, {200, 129}, {129, 1000}};
   int i = 0;
@@ -304,9 +196,61 @@ TEST_F(CudaEngineTest, MixedPoliciesAndDtypesInOneCall) {
   }
 }
 
+// A layer's V and its heads' row blocks share host bytes, as the daemon
+// sends them: uploaded once (the shared path), they must give the oracle's
+// PRs, the same bits as separate copies (the packed path), and the same
+// bits on a second run.
+TEST_F(CudaEngineTest, ViewsSharingHostBytesMatchSeparateCopies) {
+  const int64_t layers = 6, heads = 4, head_rows = 64, cols = 1024;
+  const int64_t rows = heads * head_rows;
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    std::vector<double> all;
+    std::vector<StoredMatrix> copies;  // layer, then its heads: separate buffers
+    for (int64_t l = 0; l < layers; ++l) {
+      const Spectrum sp = l % 2 ? Spectrum::kGaussian : Spectrum::kPowerLaw;
+      const std::vector<double> w = MakeMatrix(rng_, rows, cols, sp);
+      all.insert(all.end(), w.begin(), w.end());
+      copies.push_back(Store(w, rows, cols, dt, 0, SpectrumName(sp)));
+      for (int64_t h = 0; h < heads; ++h) {
+        const std::vector<double> head(w.begin() + h * head_rows * cols,
+                                       w.begin() + (h + 1) * head_rows * cols);
+        copies.push_back(Store(head, head_rows, cols, dt, 0, "head"));
+      }
+    }
+    const StoredMatrix stacked = Store(all, layers * rows, cols, dt, 0, "stacked");
+    const size_t es = DTypeSize(dt);
+    const auto* base = static_cast<const uint8_t*>(stacked.view.data);
+    std::vector<MatrixView> shared;
+    for (int64_t l = 0; l < layers; ++l) {
+      shared.push_back(MatrixView{base + l * rows * cols * es, rows, cols, cols, dt});
+      for (int64_t h = 0; h < heads; ++h) {
+        shared.push_back(MatrixView{base + (l * rows + h * head_rows) * cols * es,
+                                    head_rows, cols, cols, dt});
+      }
+    }
+    const std::vector<double> ref = Oracle(copies);
+    for (const char* name : {"fused", "algebraic"}) {
+      VariantSpec v;
+      v.name = name;
+      std::vector<double> got = Poisoned(shared.size());
+      std::vector<double> again = Poisoned(shared.size());
+      std::vector<double> apart = Poisoned(copies.size());
+      ASSERT_TRUE(engine_->ComputePR(shared, v, absl::MakeSpan(got)).ok());
+      ASSERT_TRUE(engine_->ComputePR(shared, v, absl::MakeSpan(again)).ok());
+      ASSERT_TRUE(engine_->ComputePR(Views(copies), v, absl::MakeSpan(apart)).ok());
+      Check(got, ref, copies, absl::StrCat(name, " shared ", DTypeName(dt)));
+      Check(apart, ref, copies, absl::StrCat(name, " apart ", DTypeName(dt)));
+      EXPECT_EQ(std::memcmp(got.data(), again.data(), got.size() * sizeof(double)), 0)
+          << name << " shared path not deterministic";
+      EXPECT_EQ(std::memcmp(got.data(), apart.data(), got.size() * sizeof(double)), 0)
+          << name << " shared and packed paths differ in the last bits";
+    }
+  }
+}
+
 TEST_F(CudaEngineTest, LargeMatricesMatchOracle) {
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
-    std::vector<Stored> suite;
+    std::vector<StoredMatrix> suite;
     for (Spectrum sp : {Spectrum::kPowerLaw, Spectrum::kGaussian}) {
       suite.push_back(Store(MakeMatrix(rng_, 1024, 4096, sp), 1024, 4096, dt, 0,
                             SpectrumName(sp)));
@@ -326,7 +270,7 @@ TEST_F(CudaEngineTest, LargeMatricesMatchOracle) {
 
 TEST_F(CudaEngineTest, NaiveMatchesOracle) {
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
-    const std::vector<Stored> suite =
+    const std::vector<StoredMatrix> suite =
         Suite(rng_, dt, {{1, 512}, {512, 1}, {7, 33}, {300, 40}, {128, 1024}});
     const std::vector<double> ref = Oracle(suite);
     std::vector<double> out = Poisoned(suite.size());
@@ -343,7 +287,7 @@ TEST_F(CudaEngineTest, DeviceViewsStridedAndUnaligned) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (int64_t pad : {0, 3, 8}) {
       for (int offset : {0, 1}) {
-        const std::vector<Stored> suite =
+        const std::vector<StoredMatrix> suite =
             Suite(rng_, dt, {{7, 33}, {128, 1000}, {300, 40}, {129, 257}}, pad);
         const std::vector<double> ref = Oracle(suite);
         DeviceSuite d;
@@ -365,7 +309,7 @@ TEST_F(CudaEngineTest, DeviceViewsStridedAndUnaligned) {
 
 TEST_F(CudaEngineTest, FusedIsBitwiseDeterministic) {
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
-    const std::vector<Stored> suite =
+    const std::vector<StoredMatrix> suite =
         Suite(rng_, dt, {{128, 4096}, {300, 40}, {257, 513}, {1024, 2048}});
     std::vector<double> a = Poisoned(suite.size()), b = Poisoned(suite.size());
     VariantSpec v;
@@ -382,7 +326,7 @@ TEST_F(CudaEngineTest, FusedIsBitwiseDeterministic) {
 TEST_F(CudaEngineTest, ZeroMatrixIsZeroEverywhere) {
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
     std::vector<double> zeros(64 * 300, 0.0);
-    const Stored z = Store(zeros, 64, 300, dt, 0, "zero");
+    const StoredMatrix z = Store(zeros, 64, 300, dt, 0, "zero");
     for (const std::string& name : KnownVariants()) {
       std::vector<double> out = Poisoned(1);
       VariantSpec v;
@@ -396,7 +340,7 @@ TEST_F(CudaEngineTest, ZeroMatrixIsZeroEverywhere) {
 
 TEST_F(CudaEngineTest, NaNIsInvalidArgumentNamingIndex) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
-    std::vector<Stored> suite = Suite(rng_, dt, {{40, 300}});
+    std::vector<StoredMatrix> suite = Suite(rng_, dt, {{40, 300}});
     std::vector<double> w = MakeMatrix(rng_, 40, 300, Spectrum::kGaussian);
     w[17 * 300 + 5] = std::numeric_limits<double>::quiet_NaN();
     suite[2] = Store(w, 40, 300, dt, 0, "nan");
@@ -412,7 +356,7 @@ TEST_F(CudaEngineTest, NaNIsInvalidArgumentNamingIndex) {
 }
 
 TEST_F(CudaEngineTest, HugeAndTinyMagnitudesFallBackExactly) {
-  std::vector<Stored> suite;
+  std::vector<StoredMatrix> suite;
   for (double scale : {1e18, 1e-22}) {
     std::vector<double> w = MakeMatrix(rng_, 64, 256, Spectrum::kPowerLaw);
     for (double& x : w) x *= scale;
@@ -446,7 +390,7 @@ TEST_F(CudaEngineTest, MemoryCapIsResourceExhausted) {
   o.max_device_bytes = 1 << 20;
   std::unique_ptr<CudaEngine> small = MakeEngine(o);
   ASSERT_NE(small, nullptr);
-  const Stored big = Store(MakeMatrix(rng_, 1024, 4096, Spectrum::kGaussian), 1024,
+  const StoredMatrix big = Store(MakeMatrix(rng_, 1024, 4096, Spectrum::kGaussian), 1024,
                            4096, DType::kF32, 0, "big");
   for (const char* name : {"fused", "algebraic"}) {
     std::vector<double> out(1);
@@ -457,14 +401,14 @@ TEST_F(CudaEngineTest, MemoryCapIsResourceExhausted) {
   }
   EXPECT_LE(small->DeviceBytesHeld(), o.max_device_bytes);
   // A small matrix still works under the same cap.
-  const Stored little = Store(MakeMatrix(rng_, 16, 64, Spectrum::kGaussian), 16, 64,
+  const StoredMatrix little = Store(MakeMatrix(rng_, 16, 64, Spectrum::kGaussian), 16, 64,
                               DType::kF32, 0, "little");
   std::vector<double> out(1);
   ASSERT_TRUE(small->ComputePR({little.view}, {}, absl::MakeSpan(out)).ok());
 }
 
 TEST_F(CudaEngineTest, ConcurrentCallsAgreeWithSerial) {
-  std::vector<std::vector<Stored>> suites;
+  std::vector<std::vector<StoredMatrix>> suites;
   std::vector<std::vector<double>> serial;
   const char* names[] = {"fused", "algebraic", "fused", "power_iter", "fused", "sketch"};
   for (int t = 0; t < 6; ++t) {
@@ -501,7 +445,7 @@ TEST_F(CudaEngineTest, ConcurrentCallsAgreeWithSerial) {
 // backends agree far closer than the estimators' own spread.
 TEST_F(CudaEngineTest, EstimatorsAgreeWithCpuEngine) {
   std::unique_ptr<Engine> cpu = NewCpuEngine(2);
-  const std::vector<Stored> suite = Suite(rng_, DType::kF32, {{128, 1024}, {300, 40}});
+  const std::vector<StoredMatrix> suite = Suite(rng_, DType::kF32, {{128, 1024}, {300, 40}});
   struct Case {
     const char* name;
     int probes, rank;
@@ -526,7 +470,7 @@ TEST_F(CudaEngineTest, EstimatorsAgreeWithCpuEngine) {
 }
 
 TEST_F(CudaEngineTest, EstimatorsAreRoughlyRight) {
-  const std::vector<Stored> suite = Suite(rng_, DType::kBF16, {{128, 2048}});
+  const std::vector<StoredMatrix> suite = Suite(rng_, DType::kBF16, {{128, 2048}});
   const std::vector<double> ref = Oracle(suite);
   VariantSpec v;
   v.name = "power_iter";
@@ -540,7 +484,7 @@ TEST_F(CudaEngineTest, EstimatorsAreRoughlyRight) {
 }
 
 TEST_F(CudaEngineTest, UnknownVariantIsUnimplemented) {
-  const Stored z = Store(std::vector<double>(8, 1.0), 2, 4, DType::kF32, 0, "x");
+  const StoredMatrix z = Store(std::vector<double>(8, 1.0), 2, 4, DType::kF32, 0, "x");
   std::vector<double> out(1);
   VariantSpec v;
   v.name = "bogus";
@@ -551,7 +495,7 @@ TEST_F(CudaEngineTest, UnknownVariantIsUnimplemented) {
 
 // The checker must fail on a wrong kernel: the mutant reads one wrong index.
 TEST_F(CudaEngineTest, CheckerCatchesMutantKernel) {
-  const std::vector<Stored> suite =
+  const std::vector<StoredMatrix> suite =
       Suite(rng_, DType::kBF16, {{128, 4096}, {300, 40}, {257, 3001}});
   const std::vector<double> ref = Oracle(suite);
   engine_->UseFusedMutantForTest(true);
