@@ -51,6 +51,7 @@
 #include "kernels/dtype_convert.h"
 #include "kernels/engine.h"
 #include "kernels/pr_check.h"
+#include "kernels/test_matrices.h"
 #include "nlohmann/json.hpp"
 
 namespace rvd::cuda {
@@ -66,22 +67,12 @@ namespace {
     }                                                                      \
   } while (0)
 
-enum class Spectrum { kFlat, kPowerLaw, kRankOne, kGaussian };
-const char* SpectrumName(Spectrum s) {
-  switch (s) {
-    case Spectrum::kFlat: return "flat";
-    case Spectrum::kPowerLaw: return "powerlaw";
-    case Spectrum::kRankOne: return "rank1";
-    case Spectrum::kGaussian: return "gaussian";
-  }
-  return "?";
-}
 
 // rows x cols, row-major float: sum over q components of s_c u_c v_c^T with
 // Gaussian u, v (nearly orthogonal in high dimension) plus a small Gaussian
 // floor. Power-law s_c = (c+1)^-0.7; flat s_c = 1 (q = n); rank-1 q = 1.
-std::vector<float> MakeMatrix(std::mt19937_64& rng, int64_t rows, int64_t cols,
-                              Spectrum spec) {
+std::vector<float> MakeBenchMatrix(std::mt19937_64& rng, int64_t rows,
+                                   int64_t cols, Spectrum spec) {
   std::normal_distribution<float> normal;
   std::vector<float> w(static_cast<size_t>(rows * cols));
   if (spec == Spectrum::kGaussian) {
@@ -156,7 +147,7 @@ int Build(const Case& c, std::mt19937_64& rng, Inputs* in, bool oracle = true) {
   std::vector<std::vector<uint8_t>> host;
   for (int d = 0; d < in->distinct; ++d) {
     const Spectrum sp = d % 4 == 3 ? Spectrum::kGaussian : Spectrum::kPowerLaw;
-    host.push_back(Encode(MakeMatrix(rng, c.rows, c.cols, sp), c.dtype));
+    host.push_back(Encode(MakeBenchMatrix(rng, c.rows, c.cols, sp), c.dtype));
     const MatrixView hv{host.back().data(), c.rows, c.cols, c.cols, c.dtype};
     if (!oracle) continue;
     absl::StatusOr<double> pr = OraclePR(hv);
@@ -350,8 +341,7 @@ int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
   bool all_ok = true;
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (int64_t rows : {128, 256}) {
-      for (Spectrum sp : {Spectrum::kFlat, Spectrum::kPowerLaw, Spectrum::kRankOne,
-                          Spectrum::kGaussian}) {
+      for (Spectrum sp : kAllSpectra) {
         std::vector<std::vector<uint8_t>> host;
         std::vector<double> ref;
         const int64_t cols = 4096;
@@ -360,7 +350,7 @@ int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
         BENCH_CHECK(cudaMalloc(&dev, bytes * 4));
         std::vector<MatrixView> views;
         for (int i = 0; i < 4; ++i) {
-          host.push_back(Encode(MakeMatrix(rng, rows, cols, sp), dt));
+          host.push_back(Encode(MakeBenchMatrix(rng, rows, cols, sp), dt));
           const MatrixView hv{host.back().data(), rows, cols, cols, dt};
           absl::StatusOr<double> pr = OraclePR(hv);
           if (!pr.ok()) return 1;
@@ -716,7 +706,7 @@ int Main(int argc, char** argv) {
     std::vector<MatrixView> views;
     std::vector<double> ref;
     for (int i = 0; i < (quick ? 8 : 24); ++i) {
-      mats.push_back(Encode(MakeMatrix(rng, 128, 1024, sp), DType::kF32));
+      mats.push_back(Encode(MakeBenchMatrix(rng, 128, 1024, sp), DType::kF32));
     }
     for (auto& m : mats) {
       views.push_back(MatrixView{m.data(), 128, 1024, 1024, DType::kF32});

@@ -55,6 +55,7 @@
 #include "kernels/cpu_engine_stats.h"
 #include "kernels/dtype_convert.h"
 #include "kernels/engine.h"
+#include "kernels/estimator_rng.h"
 
 namespace rvd {
 namespace {
@@ -593,42 +594,6 @@ absl::StatusOr<double> AlgebraicOne(const MatrixView& v, size_t index,
   return pr;
 }
 
-// ---------------------------------------------------------------------------
-// Random numbers for the estimators: SplitMix64, deterministic and portable
-// (std::normal_distribution is not the same across standard libraries).
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : state_(seed ^ 0x6a09e667f3bcc909ull) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  // Fills x[0..n) with independent +-1.
-  void Rademacher(float* x, int64_t n) {
-    for (int64_t i = 0; i < n; i += 64) {
-      uint64_t bits = Next();
-      for (int64_t j = i; j < std::min(n, i + 64); ++j, bits >>= 1) {
-        x[j] = (bits & 1) ? 1.0f : -1.0f;
-      }
-    }
-  }
-  // Fills x[0..n) with independent N(0, 1) (Box-Muller).
-  void Gaussian(float* x, int64_t n) {
-    for (int64_t i = 0; i < n; i += 2) {
-      const double u1 = (static_cast<double>(Next() >> 11) + 1.0) * 0x1p-53;
-      const double u2 = static_cast<double>(Next() >> 11) * 0x1p-53;
-      const double r = std::sqrt(-2.0 * std::log(u1));
-      x[i] = static_cast<float>(r * std::cos(2.0 * M_PI * u2));
-      if (i + 1 < n)
-        x[i + 1] = static_cast<float>(r * std::sin(2.0 * M_PI * u2));
-    }
-  }
-
- private:
-  uint64_t state_;
-};
 
 // The float64 trace of G (= ||W||_F^2) from one pass over an f32 block.
 double TraceOf(const F32Block& b, const MatrixView& v) {
@@ -706,7 +671,7 @@ absl::StatusOr<double> PowerIterOne(const MatrixView& v, const VariantSpec& sp,
   const double trace = TraceOf(b, v);
   if (!std::isfinite(trace)) return NonFiniteError(index);
   if (trace == 0) return 0.0;
-  Rng rng(sp.seed);
+  EstimatorRng rng(sp.seed);
   const int64_t k = sp.probes;
   const int64_t m = sp.hutch_plus_plus && k >= 3 ? k / 3 : 0;
   const int64_t probes = k - 2 * m;
@@ -763,7 +728,7 @@ absl::StatusOr<double> SketchOne(const MatrixView& v, const VariantSpec& sp,
   const double trace = TraceOf(b, v);
   if (!std::isfinite(trace)) return NonFiniteError(index);
   if (trace == 0) return 0.0;
-  Rng rng(sp.seed);
+  EstimatorRng rng(sp.seed);
   const int64_t r = sp.sketch_rank;
   float* omega = Grow(sc.work_a, r * s.n);
   float* y = Grow(sc.work_b, r * s.len);

@@ -48,6 +48,7 @@
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch_policy.h"
 #include "kernels/engine.h"
+#include "kernels/estimator_rng.h"
 
 namespace rvd::cuda {
 
@@ -197,39 +198,6 @@ absl::Status ValidateView(const MatrixView& v, size_t index) {
 
 enum class Kind { kFused, kAlgebraic, kNaive, kPowerIter, kSketch };
 
-// The CPU engine's random numbers (kernels/cpu_engine.cc, class Rng):
-// SplitMix64 with the same seeding, so that both backends draw the same
-// probes for the same seed. Keep the two in step.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : state_(seed ^ 0x6a09e667f3bcc909ull) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  void Rademacher(float* x, int64_t n) {
-    for (int64_t i = 0; i < n; i += 64) {
-      uint64_t bits = Next();
-      for (int64_t j = i; j < std::min(n, i + 64); ++j, bits >>= 1) {
-        x[j] = (bits & 1) ? 1.0f : -1.0f;
-      }
-    }
-  }
-  void Gaussian(float* x, int64_t n) {
-    for (int64_t i = 0; i < n; i += 2) {
-      const double u1 = (static_cast<double>(Next() >> 11) + 1.0) * 0x1p-53;
-      const double u2 = static_cast<double>(Next() >> 11) * 0x1p-53;
-      const double r = std::sqrt(-2.0 * std::log(u1));
-      x[i] = static_cast<float>(r * std::cos(2.0 * M_PI * u2));
-      if (i + 1 < n) x[i + 1] = static_cast<float>(r * std::sin(2.0 * M_PI * u2));
-    }
-  }
-
- private:
-  uint64_t state_;
-};
 
 // The CPU engine's Orthonormalize (modified Gram-Schmidt twice, float64) on
 // q (n x m, row-major).
@@ -896,7 +864,7 @@ class Runner {
   absl::StatusOr<double> Hutch(Context& ctx, const float* x, bool tall,
                                int64_t n, int64_t len, float* z, float* tmp,
                                float* out, double* sum) {
-    Rng rng(spec_.seed);
+    EstimatorRng rng(spec_.seed);
     const int64_t k = spec_.probes;
     const int64_t m = spec_.hutch_plus_plus && k >= 3 ? k / 3 : 0;
     const int64_t probes = k - 2 * m;
@@ -946,7 +914,7 @@ class Runner {
   absl::StatusOr<double> Sketch(Context& ctx, const float* x, bool tall,
                                 int64_t n, int64_t len, double trace, float* o,
                                 float* yt, float* mm, double* sum) {
-    Rng rng(spec_.seed);
+    EstimatorRng rng(spec_.seed);
     const int64_t r = spec_.sketch_rank;
     // Omega, row-major r x n, is column-major n x r: O = Omega^T as is.
     std::vector<float> omega(static_cast<size_t>(r * n));
