@@ -1057,6 +1057,11 @@ void CudaEngine::Count(const std::string& key, int64_t n) {
   served_[key] += n;
 }
 
+void CudaEngine::Count(const std::map<std::string, int64_t>& served) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [key, n] : served) served_[key] += n;
+}
+
 std::map<std::string, int64_t> CudaEngine::ServedCounts() const {
   absl::MutexLock lock(&mu_);
   return served_;
@@ -1086,6 +1091,26 @@ absl::StatusOr<Kind> ParseVariant(const VariantSpec& v) {
   return absl::UnimplementedError(absl::StrCat(
       "unknown variant '", name, "' on the cuda backend (known: ",
       absl::StrJoin(KnownVariants(), ", "), ")"));
+}
+
+// The checks every call makes before any work: one result slot per matrix
+// (poisoned with NaN, so an unwritten slot cannot pass), a known variant,
+// valid views. Returns the variant's kind.
+absl::StatusOr<Kind> CheckCall(absl::Span<const MatrixView> batch,
+                               const VariantSpec& variant,
+                               absl::Span<double> out) {
+  if (out.size() != batch.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "out has ", out.size(), " slots for a batch of ", batch.size()));
+  }
+  std::fill(out.begin(), out.end(), std::numeric_limits<double>::quiet_NaN());
+  absl::StatusOr<Kind> kind = ParseVariant(variant);
+  if (!kind.ok()) return kind.status();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    absl::Status s = ValidateView(batch[i], i);
+    if (!s.ok()) return s;
+  }
+  return kind;
 }
 
 // The distinct host byte ranges a batch covers, and where each view lands
@@ -1233,29 +1258,15 @@ absl::Status CudaEngine::ComputeShared(absl::Span<const MatrixView> batch,
     }
     status = EnqueueAndCollect(*ctx, runner, *kind, views, out);
   }
-  if (status.ok()) {
-    for (const auto& [key, n] :
-         runner.Served(static_cast<int64_t>(batch.size()))) {
-      Count(key, n);
-    }
-  }
+  if (status.ok()) Count(runner.Served(static_cast<int64_t>(batch.size())));
   return status;
 }
 
 absl::Status CudaEngine::ComputePR(absl::Span<const MatrixView> batch,
                                    const VariantSpec& variant,
                                    absl::Span<double> out) {
-  if (out.size() != batch.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "out has ", out.size(), " slots for a batch of ", batch.size()));
-  }
-  std::fill(out.begin(), out.end(), std::numeric_limits<double>::quiet_NaN());
-  absl::StatusOr<Kind> kind = ParseVariant(variant);
+  absl::StatusOr<Kind> kind = CheckCall(batch, variant, out);
   if (!kind.ok()) return kind.status();
-  for (size_t i = 0; i < batch.size(); ++i) {
-    absl::Status s = ValidateView(batch[i], i);
-    if (!s.ok()) return s;
-  }
   if (batch.empty()) return absl::OkStatus();
   RVD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   bool shared = false;
@@ -1327,26 +1338,15 @@ absl::Status CudaEngine::ComputePR(absl::Span<const MatrixView> batch,
     if (!status.ok()) return status;
   }
   std::move(finish).Invoke();
-  if (status.ok()) {
-    for (const auto& [key, n] : runner.Served(static_cast<int64_t>(batch.size()))) Count(key, n);
-  }
+  if (status.ok()) Count(runner.Served(static_cast<int64_t>(batch.size())));
   return status;
 }
 
 absl::Status CudaEngine::ComputePRDevice(
     absl::Span<const MatrixView> device_batch, const VariantSpec& variant,
     absl::Span<double> out, cudaStream_t stream) {
-  if (out.size() != device_batch.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "out has ", out.size(), " slots for a batch of ", device_batch.size()));
-  }
-  std::fill(out.begin(), out.end(), std::numeric_limits<double>::quiet_NaN());
-  absl::StatusOr<Kind> kind = ParseVariant(variant);
+  absl::StatusOr<Kind> kind = CheckCall(device_batch, variant, out);
   if (!kind.ok()) return kind.status();
-  for (size_t i = 0; i < device_batch.size(); ++i) {
-    absl::Status s = ValidateView(device_batch[i], i);
-    if (!s.ok()) return s;
-  }
   if (device_batch.empty()) return absl::OkStatus();
   RVD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   Runner runner(this, variant, *kind, use_mutant_.load());
@@ -1373,10 +1373,7 @@ absl::Status CudaEngine::ComputePRDevice(
     if (status.ok()) status = EnqueueAndCollect(*ctx, runner, *kind, views, out);
   }
   if (status.ok()) {
-    for (const auto& [key, n] :
-         runner.Served(static_cast<int64_t>(device_batch.size()))) {
-      Count(key, n);
-    }
+    Count(runner.Served(static_cast<int64_t>(device_batch.size())));
   }
   return status;
 }

@@ -92,6 +92,7 @@ class CudaEngine : public Engine {
   friend class Runner;
 
   void Count(const std::string& key, int64_t n);
+  void Count(const std::map<std::string, int64_t>& served);
 
   CudaEngineOptions options_;
   std::string version_;
