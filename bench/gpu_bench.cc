@@ -23,11 +23,10 @@
 // families: mean and p95 relative error vs the oracle.
 //
 //   build/bin/rvd_bench_gpu [--json PATH] [--reps N] [--quick] [--probe] [--ab]
-// (--probe: the live wide kernel alone with parts left out or K split
-// across blocks, to place its time; see Probe below. --ab: the wide
-// kernel's code versions (v2, v3 with the row pass, v3 live) from this one binary:
-// accuracy per dtype and spectrum family first, then interleaved timing;
-// see AB below)
+// (--probe: the v3 kernel alone with parts left out or K split across
+// blocks, to place its time; see Probe below. --ab: the wide kernels v3
+// and v4 from this one binary: accuracy per dtype and spectrum family
+// first, then interleaved timing; see AB below)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -171,13 +170,27 @@ int Build(const Case& c, std::mt19937_64& rng, Inputs* in, bool oracle = true) {
   return 0;
 }
 
+// Which fused kernel a prepared case runs.
+enum class Kernel { kAuto, kV1Tall, kV3, kV4 };
+
+const char* KernelPolicyName(Kernel k) {
+  switch (k) {
+    case Kernel::kV1Tall: return kFusedPolicySm90.name;
+    case Kernel::kV3: return kFusedPolicyV3Sm90.name;
+    case Kernel::kV4: return kFusedPolicyV4Sm90.name;
+    case Kernel::kAuto: break;
+  }
+  return "?";
+}
+
 // The fused kernel and finalize alone, prepared once per set.
 struct FusedPrepared {
   void* dev = nullptr;
   MatrixDesc* desc = nullptr;
   FusedJob* jobs = nullptr;      // v1 (tall cases)
-  FusedJobV2* jobs2 = nullptr;   // v2 (wide cases)
-  bool v2 = true;
+  FusedJobV2* jobs2 = nullptr;   // v3 and v4 (wide cases; v4: 128 x 128 tiles)
+  void* maps = nullptr;          // v4's tensor maps
+  Kernel kernel = Kernel::kV3;
   int32_t* jb = nullptr;
   double *g2 = nullptr, *tr = nullptr, *pr = nullptr;
   float* mx = nullptr;
@@ -188,22 +201,36 @@ struct FusedPrepared {
   ~FusedPrepared() { cudaFree(dev); }
 };
 
-int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f) {
+// One case is one shape and dtype: kAuto picks the kernel as the engine
+// does (tall: v1; wide: v4 where it runs and serves, else v3).
+int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
+            Kernel kernel = Kernel::kAuto) {
   std::vector<MatrixDesc> descs;
   std::vector<int64_t> sides;
   for (const MatrixView& v : views) {
     descs.push_back(MakeDesc(v));
     sides.push_back(descs.back().n);
   }
-  // One case is one shape: wide cases take v2, tall ones v1 (as the engine).
+  if (kernel == Kernel::kAuto) {
+    int device = 0;
+    cudaDeviceProp prop;
+    BENCH_CHECK(cudaGetDevice(&device));
+    BENCH_CHECK(cudaGetDeviceProperties(&prop, device));
+    kernel = descs[0].tall ? Kernel::kV1Tall
+             : FusedV4Runs(prop.major, prop.minor) && FusedV4Serves(views[0].dtype, descs[0])
+                 ? Kernel::kV4
+                 : Kernel::kV3;
+  }
+  f->kernel = kernel;
   std::vector<FusedJob> jobs;
   std::vector<FusedJobV2> jobs2;
   std::vector<int32_t> jb;
-  f->v2 = views[0].rows <= views[0].cols;
-  if (f->v2) {
+  const bool wide = kernel != Kernel::kV1Tall;
+  if (wide) {
+    const LaunchPolicy& p = kernel == Kernel::kV4 ? kFusedPolicyV4Sm90 : kFusedPolicyV3Sm90;
     for (size_t i = 0; i < sides.size(); ++i) {
       jb.push_back(static_cast<int32_t>(jobs2.size()));
-      AppendFusedJobsV2(static_cast<int32_t>(i), sides[i], kFusedPolicyV3Sm90, &jobs2);
+      AppendFusedJobsV2(static_cast<int32_t>(i), sides[i], p, &jobs2);
     }
     jb.push_back(static_cast<int32_t>(jobs2.size()));
     for (const FusedJobV2& j : jobs2) f->offdiag |= j.diagonal == 0;
@@ -211,17 +238,18 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f) {
     EnumerateFusedJobs(sides, kFusedPolicySm90.block_tile, &jobs, &jb);
     for (const FusedJob& j : jobs) f->offdiag |= j.diagonal == 0;
   }
-  const size_t nj = f->v2 ? jobs2.size() : jobs.size();
+  const size_t nj = wide ? jobs2.size() : jobs.size();
   f->m = static_cast<int>(views.size());
   f->num_jobs = static_cast<int>(nj);
   f->dtype = views[0].dtype;
   auto al = [](size_t b) { return (b + 255) / 256 * 256; };
-  const size_t job_bytes = f->v2 ? sizeof(FusedJobV2) : sizeof(FusedJob);
+  const size_t job_bytes = wide ? sizeof(FusedJobV2) : sizeof(FusedJob);
   static_assert(sizeof(FusedJobV2) == sizeof(FusedJob), "one job slot size");
   const size_t sd = al(descs.size() * sizeof(MatrixDesc)), sj = al(nj * job_bytes),
                sb = al(jb.size() * 4), s8 = al(nj * 8), s4 = al(nj * 4),
-               m8 = al(views.size() * 8), m4 = al(views.size() * 4);
-  BENCH_CHECK(cudaMalloc(&f->dev, sd + sj + sb + 2 * s8 + s4 + m8 + m4));
+               m8 = al(views.size() * 8), m4 = al(views.size() * 4),
+               sm = kernel == Kernel::kV4 ? al(views.size() * kTensorMapBytes) : 0;
+  BENCH_CHECK(cudaMalloc(&f->dev, sd + sj + sb + 2 * s8 + s4 + m8 + m4 + sm));
   auto* p = static_cast<uint8_t*>(f->dev);
   f->desc = reinterpret_cast<MatrixDesc*>(p);
   f->jobs = reinterpret_cast<FusedJob*>(p + sd);
@@ -232,21 +260,38 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f) {
   f->mx = reinterpret_cast<float*>(p + sd + sj + sb + 2 * s8);
   f->pr = reinterpret_cast<double*>(p + sd + sj + sb + 2 * s8 + s4);
   f->st = reinterpret_cast<int32_t*>(p + sd + sj + sb + 2 * s8 + s4 + m8);
+  f->maps = p + sd + sj + sb + 2 * s8 + s4 + m8 + m4;
   BENCH_CHECK(cudaMemcpy(f->desc, descs.data(), descs.size() * sizeof(MatrixDesc), cudaMemcpyHostToDevice));
-  if (f->v2) {
+  if (wide) {
     BENCH_CHECK(cudaMemcpy(f->jobs2, jobs2.data(), nj * sizeof(FusedJobV2), cudaMemcpyHostToDevice));
   } else {
     BENCH_CHECK(cudaMemcpy(f->jobs, jobs.data(), nj * sizeof(FusedJob), cudaMemcpyHostToDevice));
   }
   BENCH_CHECK(cudaMemcpy(f->jb, jb.data(), jb.size() * 4, cudaMemcpyHostToDevice));
+  if (kernel == Kernel::kV4) {
+    std::vector<uint8_t> maps(views.size() * kTensorMapBytes);
+    for (size_t i = 0; i < views.size(); ++i) {
+      BENCH_CHECK(EncodeFusedV4Map(views[i].dtype, descs[i], maps.data() + i * kTensorMapBytes));
+    }
+    BENCH_CHECK(cudaMemcpy(f->maps, maps.data(), maps.size(), cudaMemcpyHostToDevice));
+  }
   return 0;
 }
 
 cudaError_t RunPrepared(const FusedPrepared& f, cudaStream_t s) {
-  cudaError_t e = f.v2 ? LaunchFusedV2(f.dtype, f.desc, f.jobs2, f.num_jobs, f.offdiag,
-                                       f.g2, f.tr, f.mx, s)
-                       : LaunchFused(f.dtype, f.desc, f.jobs, f.num_jobs, f.offdiag, f.g2,
-                                     f.tr, f.mx, s);
+  cudaError_t e = cudaErrorInvalidValue;
+  switch (f.kernel) {
+    case Kernel::kV1Tall:
+      e = LaunchFused(f.dtype, f.desc, f.jobs, f.num_jobs, f.offdiag, f.g2, f.tr, f.mx, s);
+      break;
+    case Kernel::kV3:
+      e = LaunchFusedV2(f.dtype, f.desc, f.jobs2, f.num_jobs, f.offdiag, f.g2, f.tr, f.mx, s);
+      break;
+    case Kernel::kV4:
+      e = LaunchFusedV4(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs, f.g2, f.tr, f.mx, s);
+      break;
+    case Kernel::kAuto: break;
+  }
   if (e != cudaSuccess) return e;
   return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
 }
@@ -318,56 +363,64 @@ int Probe(cudaStream_t stream, int reps, nlohmann::json* out) {
   return 0;
 }
 
-// --ab: wide-kernel variants from one binary (kernels.h, LaunchFusedV2Chain):
-// v2's code; v3 (chains of 4 k-steps, warp roles) with v2's row pass for
-// ||W||_F^2 (device run 12's live kernel); v3 with the trace from the
-// Gram's diagonal (live for bf16/f16; f32 runs v2's code live). First accuracy:
-// every variant x dtype x spectrum family (flat, power-law, rank-1,
-// Gaussian) on 128x4096 (diagonal jobs) and 256x4096 (off-diagonal jobs
-// too), max rel error vs the float64 SVD oracle. Then timing: the target
-// cases, rounds A-B-C-A-B-C (each a queued median after 50 ms of warm-up);
-// per variant the median of the round medians and the spread (max - min).
+// --ab: the wide kernels side by side from one binary: v3 (mma.sync +
+// cp.async, the live kernel for f32 and unaligned rows) and v4 (TMA +
+// wgmma, live for aligned bf16/f16 on sm_90; not for f32). First accuracy:
+// each kernel x dtype x spectrum family (flat, power-law, rank-1, Gaussian)
+// on 128x4096 (diagonal jobs only) and 256x4096 / 1000x3001 (off-diagonal
+// and edge tiles), max rel error vs the float64 SVD oracle. Then timing:
+// the target cases, rounds A-B-A-B (each a queued median after 50 ms of
+// warm-up); per kernel the median of the round medians and the spread
+// (max - min).
 int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
-  const int chains[] = {0, 4, 4};
-  const bool row_pass[] = {false, true, false};
-  const char* names[] = {"v2", "v3c4-rowpass", "v3c4(live)"};
-  constexpr int kV = 3;
+  const Kernel kernels[] = {Kernel::kV3, Kernel::kV4};
+  const char* names[] = {"v3", "v4"};
+  constexpr int kV = 2;
+  auto applies = [](Kernel k, DType dt) { return k != Kernel::kV4 || dt != DType::kF32; };
   std::mt19937_64 rng(11);
   nlohmann::json acc = nlohmann::json::array();
   std::printf("\nab accuracy: max rel err vs float64 SVD oracle (4 matrices each)\n");
-  std::printf("%-5s %-9s %-9s", "dtype", "shape", "spectrum");
+  std::printf("%-5s %-10s %-9s", "dtype", "shape", "spectrum");
   for (const char* n : names) std::printf(" %12s", n);
   std::printf("\n");
   bool all_ok = true;
+  struct Sh {
+    int64_t rows, cols;
+  };
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (int64_t rows : {128, 256}) {
+    for (const Sh sh : {Sh{128, 4096}, Sh{256, 4096}, Sh{1000, 3001}}) {
       for (Spectrum sp : kAllSpectra) {
-        std::vector<std::vector<uint8_t>> host;
-        std::vector<double> ref;
-        const int64_t cols = 4096;
-        const size_t bytes = size_t(rows * cols) * DTypeSize(dt);
+        const int64_t rows = sh.rows, cols = sh.cols;
+        // Rows padded to 16 bytes, as the engine packs them.
+        const int64_t ld = (cols * int64_t(DTypeSize(dt)) + 15) / 16 * 16 / int64_t(DTypeSize(dt));
+        const size_t bytes = size_t(rows * ld) * DTypeSize(dt);
         void* dev = nullptr;
         BENCH_CHECK(cudaMalloc(&dev, bytes * 4));
         std::vector<MatrixView> views;
+        std::vector<double> ref;
         for (int i = 0; i < 4; ++i) {
-          host.push_back(Encode(MakeBenchMatrix(rng, rows, cols, sp), dt));
-          const MatrixView hv{host.back().data(), rows, cols, cols, dt};
+          const std::vector<uint8_t> host = Encode(MakeBenchMatrix(rng, rows, cols, sp), dt);
+          const MatrixView hv{host.data(), rows, cols, cols, dt};
           absl::StatusOr<double> pr = OraclePR(hv);
           if (!pr.ok()) return 1;
           ref.push_back(*pr);
           void* d = static_cast<uint8_t*>(dev) + bytes * i;
-          BENCH_CHECK(cudaMemcpy(d, host.back().data(), bytes, cudaMemcpyHostToDevice));
-          views.push_back(MatrixView{d, rows, cols, cols, dt});
+          const size_t es = DTypeSize(dt);
+          BENCH_CHECK(cudaMemcpy2D(d, ld * es, host.data(), cols * es, cols * es, rows,
+                                   cudaMemcpyHostToDevice));
+          views.push_back(MatrixView{d, rows, cols, ld, dt});
         }
-        FusedPrepared f;
-        if (Prepare(views, &f) != 0) return 1;
-        std::printf("%-5s %4lldx%-4lld %-9s", DTypeName(dt), (long long)rows,
-                    (long long)cols, SpectrumName(sp));
+        std::printf("%-5s %4lldx%-5lld %-9s", DTypeName(dt), (long long)rows, (long long)cols,
+                    SpectrumName(sp));
         for (int v = 0; v < kV; ++v) {
+          if (!applies(kernels[v], dt)) {
+            std::printf(" %12s", "n/a");
+            continue;
+          }
+          FusedPrepared f;
+          if (Prepare(views, &f, kernels[v]) != 0) return 1;
           BENCH_CHECK(cudaMemset(f.pr, 0xFF, 4 * sizeof(double)));
-          BENCH_CHECK(LaunchFusedV2Chain(chains[v], row_pass[v], f.dtype, f.desc, f.jobs2, f.num_jobs,
-                                         f.offdiag, f.g2, f.tr, f.mx, stream));
-          BENCH_CHECK(LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, stream));
+          BENCH_CHECK(RunPrepared(f, stream));
           std::vector<double> got(4);
           BENCH_CHECK(cudaMemcpyAsync(got.data(), f.pr, 4 * sizeof(double),
                                       cudaMemcpyDeviceToHost, stream));
@@ -375,8 +428,8 @@ int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
           const CheckResult r = CheckPR(got, ref, kExactPrTolerance);
           all_ok &= r.mismatches == 0;
           std::printf(" %11.2e%s", r.max_rel_error, r.mismatches ? "!" : " ");
-          acc.push_back({{"variant", names[v]}, {"chain", chains[v]}, {"dtype", DTypeName(dt)},
-                         {"rows", rows}, {"cols", cols}, {"spectrum", SpectrumName(sp)},
+          acc.push_back({{"kernel", names[v]}, {"dtype", DTypeName(dt)}, {"rows", rows},
+                         {"cols", cols}, {"spectrum", SpectrumName(sp)},
                          {"max_rel_err", r.max_rel_error}, {"mismatches", r.mismatches}});
         }
         std::printf("\n");
@@ -389,8 +442,7 @@ int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
                                    {480, 128, 4096, DType::kBF16, "ab"},
                                    {480, 128, 4096, DType::kF16, "ab"},
                                    {256, 128, 4096, DType::kBF16, "ab"},
-                                   {32, 1024, 4096, DType::kBF16, "ab"},
-                                   {32, 1024, 4096, DType::kF32, "ab"}};
+                                   {32, 1024, 4096, DType::kBF16, "ab"}};
   constexpr int kRounds = 4;
   nlohmann::json rows = nlohmann::json::array();
   std::printf("\nab timing: kernel + finalize, median of %d rounds (each a queued median of %d"
@@ -401,21 +453,20 @@ int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
   for (const Case& c : cases) {
     Inputs in;
     if (Build(c, rng, &in, /*oracle=*/false) != 0) return 1;
-    std::vector<FusedPrepared> prep(3);
-    for (int s = 0; s < 3; ++s) {
-      if (Prepare(in.sets[s], &prep[s]) != 0) return 1;
+    std::vector<std::vector<FusedPrepared>> prep(kV);
+    for (int v = 0; v < kV; ++v) {
+      if (!applies(kernels[v], c.dtype)) continue;
+      prep[v] = std::vector<FusedPrepared>(3);
+      for (int s = 0; s < 3; ++s) {
+        if (Prepare(in.sets[s], &prep[v][s], kernels[v]) != 0) return 1;
+      }
     }
     std::vector<std::vector<double>> med(kV);
     for (int round = 0; round < kRounds; ++round) {
       for (int v = 0; v < kV; ++v) {
+        if (prep[v].empty()) continue;
         std::vector<double> t;
-        auto launch = [&](int r) {
-          const FusedPrepared& f = prep[r % 3];
-          cudaError_t e = LaunchFusedV2Chain(chains[v], row_pass[v], f.dtype, f.desc, f.jobs2, f.num_jobs,
-                                             f.offdiag, f.g2, f.tr, f.mx, stream);
-          if (e != cudaSuccess) return e;
-          return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, stream);
-        };
+        auto launch = [&](int r) { return RunPrepared(prep[v][r % 3], stream); };
         if (TimeQueued(launch, reps, 50.0, stream, &t) != 0) return 1;
         med[v].push_back(Median(t));
       }
@@ -424,13 +475,17 @@ int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
                                            DTypeName(c.dtype));
     std::printf("%-22s", label.c_str());
     for (int v = 0; v < kV; ++v) {
+      if (med[v].empty()) {
+        std::printf("  %20s", "n/a");
+        continue;
+      }
       const double m = Median(med[v]);
       const double sp = *std::max_element(med[v].begin(), med[v].end()) -
                         *std::min_element(med[v].begin(), med[v].end());
       std::printf("  %9.4f +- %6.4f", m, sp);
-      rows.push_back({{"variant", names[v]}, {"chain", chains[v]}, {"batch", c.batch},
-                      {"rows", c.rows}, {"cols", c.cols}, {"dtype", DTypeName(c.dtype)},
-                      {"kernel_ms", m}, {"spread_ms", sp}, {"rounds_ms", med[v]}});
+      rows.push_back({{"kernel", names[v]}, {"batch", c.batch}, {"rows", c.rows},
+                      {"cols", c.cols}, {"dtype", DTypeName(c.dtype)}, {"kernel_ms", m},
+                      {"spread_ms", sp}, {"rounds_ms", med[v]}});
     }
     std::printf("\n");
   }
@@ -666,7 +721,7 @@ int Main(int argc, char** argv) {
                 c.tag.c_str(), (long long)c.batch, shape.c_str(), DTypeName(c.dtype),
                 kernel_ms, steady_ms, 100.0 * floor_ms / steady_ms, bytes / (steady_ms * 1e-3) / 1e9,
                 flops / (steady_ms * 1e-3) / 1e12, Median(ta), Median(tb), spread, floor_ms,
-                FusedPolicyFor(c.rows, c.cols).name);
+                KernelPolicyName(prep[0].kernel));
     timing.push_back({{"case", c.tag}, {"batch", c.batch}, {"rows", c.rows}, {"cols", c.cols},
                       {"dtype", DTypeName(c.dtype)}, {"kernel_ms", kernel_ms},
                       {"steady_kernel_ms", steady_ms},
@@ -675,7 +730,7 @@ int Main(int argc, char** argv) {
                       {"TFLOPs_full_gram", flops / (steady_ms * 1e-3) / 1e12},
                       {"fused_call_ms", Median(ta)}, {"algebraic_call_ms", Median(tb)},
                       {"call_spread_ms", spread}, {"floor_ms", floor_ms},
-                      {"policy", FusedPolicyFor(c.rows, c.cols).name}});
+                      {"policy", KernelPolicyName(prep[0].kernel)}});
   }
   out["timing"] = timing;
   if (quick) {

@@ -362,17 +362,27 @@ class Runner {
     return OraclePR(h);
   }
 
-  // Fused: descriptors and jobs up, one launch per (dtype, policy), finalize,
-  // results down. Matrices are ordered by dtype, then wide (v2) before tall
-  // (v1), stably, so that each launch's jobs are contiguous; ctx.order maps
-  // result slots back. Job indices (g2, trace, maxabs) run over both kinds
-  // of job in matrix order, so the finalize sums each matrix's jobs in order.
+  // Fused: descriptors (and v4's tensor maps) and jobs up, one launch per
+  // (dtype, kernel), finalize, results down. Matrices are ordered by dtype,
+  // then kernel (v4, v3 wide, v1 tall), stably, so that each launch's jobs
+  // are contiguous; ctx.order maps result slots back. Job indices (g2,
+  // trace, maxabs) run over all kinds of job in matrix order, so the
+  // finalize sums each matrix's jobs in order. Which kernel serves a matrix
+  // depends only on the matrix and the device: the same bits in every call.
+  enum FusedKernel { kV4 = 0, kV3 = 1, kV1Tall = 2 };
   absl::Status EnqueueFused(Context& ctx) {
     const auto& views = ctx.device_views;
     const size_t m = views.size();
-    auto key = [&](size_t i) {
-      return 2 * static_cast<int>(views[i].dtype) + (views[i].rows > views[i].cols ? 1 : 0);
-    };
+    const bool v4_runs = FusedV4Runs(engine_->sm_major_, engine_->sm_minor_);
+    std::vector<MatrixDesc> by_index(m);
+    std::vector<int> kernel(m);
+    for (size_t i = 0; i < m; ++i) {
+      by_index[i] = MakeDesc(views[i]);
+      kernel[i] = by_index[i].tall                                  ? kV1Tall
+                  : v4_runs && FusedV4Serves(views[i].dtype, by_index[i]) ? kV4
+                                                                    : kV3;
+    }
+    auto key = [&](size_t i) { return 3 * static_cast<int>(views[i].dtype) + kernel[i]; };
     ctx.order.resize(m);
     std::iota(ctx.order.begin(), ctx.order.end(), size_t{0});
     std::stable_sort(ctx.order.begin(), ctx.order.end(),
@@ -382,10 +392,12 @@ class Runner {
     jobs2_.clear();
     job_begin_.assign(1, 0);
     std::vector<int32_t> list_begin(m + 1, 0);  // offset in jobs_ or jobs2_
+    bool any_v4 = false;
     for (size_t s = 0; s < m; ++s) {
-      descs[s] = MakeDesc(views[ctx.order[s]]);
+      descs[s] = by_index[ctx.order[s]];
+      const int k = kernel[ctx.order[s]];
       const int64_t side[1] = {descs[s].n};
-      if (descs[s].tall) {
+      if (k == kV1Tall) {
         list_begin[s] = static_cast<int32_t>(jobs_.size());
         std::vector<FusedJob> one;
         std::vector<int32_t> jb;
@@ -396,8 +408,10 @@ class Runner {
         }
         job_begin_.push_back(job_begin_.back() + static_cast<int32_t>(one.size()));
       } else {
+        any_v4 |= k == kV4;
         list_begin[s] = static_cast<int32_t>(jobs2_.size());
-        AppendFusedJobsV2(static_cast<int32_t>(s), side[0], kFusedPolicyV3Sm90, &jobs2_);
+        AppendFusedJobsV2(static_cast<int32_t>(s), side[0],
+                          k == kV4 ? kFusedPolicyV4Sm90 : kFusedPolicyV3Sm90, &jobs2_);
         job_begin_.push_back(static_cast<int32_t>(jobs_.size() + jobs2_.size()));
       }
     }
@@ -407,6 +421,7 @@ class Runner {
     const uint64_t o_jobs = up.Add(jobs_.size() * sizeof(FusedJob));
     const uint64_t o_jobs2 = up.Add(jobs2_.size() * sizeof(FusedJobV2));
     const uint64_t o_jb = up.Add((m + 1) * sizeof(int32_t));
+    const uint64_t o_maps = up.Add(any_v4 ? m * kTensorMapBytes : 0);  // 256-aligned
     Layout work = up;
     const uint64_t o_g2 = work.Add(nj * sizeof(double));
     const uint64_t o_tr = work.Add(nj * sizeof(double));
@@ -426,47 +441,65 @@ class Runner {
                   jobs2_.size() * sizeof(FusedJobV2));
     }
     std::memcpy(At<void>(ctx.up.ptr, o_jb), job_begin_.data(), (m + 1) * sizeof(int32_t));
+    for (size_t i = 0; any_v4 && i < m; ++i) {
+      if (kernel[ctx.order[i]] != kV4) continue;
+      RVD_CUDA_RETURN_IF_ERROR(EncodeFusedV4Map(
+          views[ctx.order[i]].dtype, descs[i],
+          At<unsigned char>(ctx.up.ptr, o_maps) + i * kTensorMapBytes));
+    }
     void* w = ctx.work.ptr;
     RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(w, ctx.up.ptr, up.size(),
                                              cudaMemcpyHostToDevice, ctx.stream));
     const auto* d_desc = At<MatrixDesc>(w, o_desc);
     const auto* d_jobs = At<FusedJob>(w, o_jobs);
     const auto* d_jobs2 = At<FusedJobV2>(w, o_jobs2);
+    const void* d_maps = At<void>(w, o_maps);
     FusedLauncher launch = &LaunchFused;
     FusedV2Launcher launch2 = &LaunchFusedV2;
+    FusedV4Launcher launch4 = &LaunchFusedV4;
     if (use_mutant_) {
-      if (g_fused_mutant_launcher == nullptr || g_fused_v2_mutant_launcher == nullptr) {
+      if (g_fused_mutant_launcher == nullptr || g_fused_v2_mutant_launcher == nullptr ||
+          g_fused_v4_mutant_launcher == nullptr) {
         return absl::FailedPreconditionError("no mutant kernel linked");
       }
       launch = g_fused_mutant_launcher;
       launch2 = g_fused_v2_mutant_launcher;
+      launch4 = g_fused_v4_mutant_launcher;
     }
-    // One launch per run of matrices with the same (dtype, policy).
+    // One launch per run of matrices with the same (dtype, kernel).
     size_t s0 = 0;
     while (s0 < m) {
       const DType dt = views[ctx.order[s0]].dtype;
-      const bool tall = descs[s0].tall != 0;
+      const int k = kernel[ctx.order[s0]];
       size_t s1 = s0;
       while (s1 < m && key(ctx.order[s1]) == key(ctx.order[s0])) ++s1;
       const int j0 = job_begin_[s0], j1 = job_begin_[s1];
       const int l0 = list_begin[s0];
+      double* g2 = At<double>(w, o_g2) + j0;
+      double* tr = At<double>(w, o_tr) + j0;
+      float* mx = At<float>(w, o_mx) + j0;
       bool offdiag = false;
       for (int j = 0; j < j1 - j0; ++j) {
-        offdiag |= (tall ? jobs_[l0 + j].diagonal : jobs2_[l0 + j].diagonal) == 0;
+        offdiag |= (k == kV1Tall ? jobs_[l0 + j].diagonal : jobs2_[l0 + j].diagonal) == 0;
       }
-      if (tall) {
-        RVD_CUDA_RETURN_IF_ERROR(launch(dt, d_desc, d_jobs + l0, j1 - j0, offdiag,
-                                        At<double>(w, o_g2) + j0,
-                                        At<double>(w, o_tr) + j0,
-                                        At<float>(w, o_mx) + j0, ctx.stream));
-      } else {
-        RVD_CUDA_RETURN_IF_ERROR(launch2(dt, d_desc, d_jobs2 + l0, j1 - j0, offdiag,
-                                         At<double>(w, o_g2) + j0,
-                                         At<double>(w, o_tr) + j0,
-                                         At<float>(w, o_mx) + j0, ctx.stream));
+      const LaunchPolicy* policy = &kFusedPolicySm90;
+      switch (k) {
+        case kV1Tall:
+          RVD_CUDA_RETURN_IF_ERROR(
+              launch(dt, d_desc, d_jobs + l0, j1 - j0, offdiag, g2, tr, mx, ctx.stream));
+          break;
+        case kV3:
+          policy = &kFusedPolicyV3Sm90;
+          RVD_CUDA_RETURN_IF_ERROR(
+              launch2(dt, d_desc, d_jobs2 + l0, j1 - j0, offdiag, g2, tr, mx, ctx.stream));
+          break;
+        case kV4:
+          policy = &kFusedPolicyV4Sm90;
+          RVD_CUDA_RETURN_IF_ERROR(
+              launch4(dt, d_maps, d_desc, d_jobs2 + l0, j1 - j0, g2, tr, mx, ctx.stream));
+          break;
       }
-      fused_served_[FusedCountKey(tall ? kFusedPolicySm90 : kFusedPolicyV3Sm90)] +=
-          static_cast<int64_t>(s1 - s0);
+      fused_served_[FusedCountKey(*policy)] += static_cast<int64_t>(s1 - s0);
       s0 = s1;
     }
     RVD_CUDA_RETURN_IF_ERROR(LaunchFinalize(

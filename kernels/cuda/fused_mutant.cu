@@ -1,10 +1,12 @@
 // Test build only: deliberately wrong fused kernels, v1 (tall) and v2
 // (wide): the B operand of every warp tile is read from the row block
-// instead of the column block: one wrong index. cuda_engine_test runs the
+// instead of the column block; v4: the B operand's K offset is one k-step
+// off. One wrong index each. cuda_engine_test runs the
 // same checker against them and expects mismatches, proving that the
 // checker can fail.
 #include "kernels/cuda/fused_kernel.cuh"
 #include "kernels/cuda/fused_v2_kernel.cuh"
+#include "kernels/cuda/fused_v4_kernel.cuh"
 
 namespace rvd::cuda {
 namespace {
@@ -28,9 +30,18 @@ cudaError_t LaunchFusedV2Mutant(DType dtype, const MatrixDesc* mats,
       mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, stream);
 }
 
+cudaError_t LaunchFusedV4Mutant(DType dtype, const void* maps, const MatrixDesc* mats,
+                                const FusedJobV2* jobs, int num_jobs, double* g2,
+                                double* trace, float* maxabs, cudaStream_t stream) {
+  if (dtype != DType::kBF16) return cudaErrorNotSupported;  // one instance
+  return fused_v4::LaunchFusedV4T<__nv_bfloat16, true>(maps, mats, jobs, num_jobs, g2,
+                                                       trace, maxabs, stream);
+}
+
 const bool kRegistered = [] {
   g_fused_mutant_launcher = &LaunchFusedMutant;
   g_fused_v2_mutant_launcher = &LaunchFusedV2Mutant;
+  g_fused_v4_mutant_launcher = &LaunchFusedV4Mutant;
   return true;
 }();
 

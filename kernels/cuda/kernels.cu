@@ -17,6 +17,7 @@ namespace rvd::cuda {
 
 FusedLauncher g_fused_mutant_launcher = nullptr;
 FusedV2Launcher g_fused_v2_mutant_launcher = nullptr;
+FusedV4Launcher g_fused_v4_mutant_launcher = nullptr;
 
 MatrixDesc MakeDesc(const MatrixView& v) {
   MatrixDesc d;
@@ -51,26 +52,6 @@ cudaError_t LaunchFusedV2(DType dtype, const MatrixDesc* mats,
   return fused_v2::LaunchFusedV2Dispatch<false>(dtype, mats, jobs, num_jobs,
                                                 any_offdiagonal, g2, trace,
                                                 maxabs, stream);
-}
-
-cudaError_t LaunchFusedV2Chain(int chain, bool row_pass, DType dtype,
-                               const MatrixDesc* mats,
-                               const FusedJobV2* jobs, int num_jobs,
-                               bool any_offdiagonal, double* g2, double* trace,
-                               float* maxabs, cudaStream_t stream) {
-  switch (chain) {
-    case 0:
-      return fused_v2::LaunchFusedV2Dispatch<false, 0>(
-          dtype, mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, stream);
-    case 4:
-      if (row_pass) {
-        return fused_v2::LaunchFusedV2Dispatch<false, 4, true>(
-            dtype, mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, stream);
-      }
-      return fused_v2::LaunchFusedV2Dispatch<false, 4>(
-          dtype, mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, stream);
-  }
-  return cudaErrorInvalidValue;
 }
 
 cudaError_t LaunchFusedV2Probe(const MatrixDesc* mats, const FusedJobV2* jobs,

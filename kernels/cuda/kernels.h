@@ -51,18 +51,6 @@ cudaError_t LaunchFusedV2(DType dtype, const MatrixDesc* mats,
                           bool any_offdiagonal, double* g2, double* trace,
                           float* maxabs, cudaStream_t stream);
 
-// Benchmark hook (rvd_bench_gpu --ab): the wide kernel with `chain` k-steps
-// per fresh accumulator, for every dtype: 0 = v2's code (a fresh
-// accumulator per MMA, no warp-role code), 4 = v3's code (the live kernel
-// for bf16/f16; f32 runs v2's code live, see kFusedPolicyV3Sm90); row_pass
-// (v3): ||W||_F^2 from v2's row pass instead of the Gram's diagonal. Other
-// values: cudaErrorInvalidValue.
-cudaError_t LaunchFusedV2Chain(int chain, bool row_pass, DType dtype,
-                               const MatrixDesc* mats,
-                               const FusedJobV2* jobs, int num_jobs,
-                               bool any_offdiagonal, double* g2, double* trace,
-                               float* maxabs, cudaStream_t stream);
-
 // Benchmark hook (rvd_bench_gpu --probe): bf16 v2 with probe flags (1: no
 // MMA, 2: no loads after the prologue, 4: rotated K start) and `splits`
 // blocks per job over contiguous parts of K. Outputs per block (num_jobs x
@@ -71,6 +59,21 @@ cudaError_t LaunchFusedV2Probe(const MatrixDesc* mats, const FusedJobV2* jobs,
                                int num_jobs, bool any_offdiagonal, double* g2,
                                double* trace, float* maxabs, int probe,
                                int splits, cudaStream_t stream);
+
+// The fused kernel v4 (sm_90a: TMA + wgmma; fused_v4_kernel.cuh) for wide
+// bf16/f16 matrices with 16-byte aligned rows (FusedV4Serves), on devices
+// of compute capability 9.0 only. Jobs are FusedJobV2 with 128 x 128 tiles
+// (kFusedPolicyV4Sm90); `maps` holds one kTensorMapBytes tensor map per
+// matrix index (EncodeFusedV4Map, 64-byte aligned device memory); outputs
+// per job as LaunchFused, except maxabs (sqrt(max_i G_ii / k): see
+// fused_v4_kernel.cuh).
+inline constexpr int kTensorMapBytes = 128;
+bool FusedV4Serves(DType dtype, const MatrixDesc& d);
+// Host only: writes matrix d's tensor map (d.data a device pointer) to `map`.
+cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map);
+cudaError_t LaunchFusedV4(DType dtype, const void* maps, const MatrixDesc* mats,
+                          const FusedJobV2* jobs, int num_jobs, double* g2,
+                          double* trace, float* maxabs, cudaStream_t stream);
 
 // Test hooks: the mutant launchers (v1 and v2), set by fused_mutant.cu's
 // static initializer in the test binary; nullptr in the product.
@@ -82,6 +85,10 @@ using FusedV2Launcher = cudaError_t (*)(DType, const MatrixDesc*,
                                         const FusedJobV2*, int, bool, double*,
                                         double*, float*, cudaStream_t);
 extern FusedV2Launcher g_fused_v2_mutant_launcher;
+using FusedV4Launcher = cudaError_t (*)(DType, const void*, const MatrixDesc*,
+                                        const FusedJobV2*, int, double*, double*,
+                                        float*, cudaStream_t);
+extern FusedV4Launcher g_fused_v4_mutant_launcher;
 
 // Per matrix m: sums its jobs [job_begin[m], job_begin[m+1]) in job order,
 // in float64, and writes pr[m] and status[m].

@@ -6,7 +6,13 @@
 
 namespace rvd::cuda {
 
+bool FusedV4Runs(int sm_major, int sm_minor) { return sm_major == 9 && sm_minor == 0; }
+
 std::string KernelVersion(int sm_major, int sm_minor) {
+  if (FusedV4Runs(sm_major, sm_minor)) {
+    return absl::StrCat("cuda-fused-v4/sm", sm_major, sm_minor, "/", kFusedPolicyV4Sm90.name,
+                        "+", kFusedPolicyV3Sm90.name, "+tall:", kFusedPolicySm90.name);
+  }
   return absl::StrCat("cuda-fused-v3/sm", sm_major, sm_minor, "/",
                       kFusedPolicyV3Sm90.name, "+tall:", kFusedPolicySm90.name);
 }

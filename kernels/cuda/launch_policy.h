@@ -121,10 +121,24 @@ inline constexpr LaunchPolicy kFusedPolicyV2Sm90{
 inline constexpr LaunchPolicy kFusedPolicyV3Sm90{
     "fused-v3-bt128x64w8s6b2c4", 128, 8, 16, 128, 6, 3, 64, 2, 4, 4, 0};
 
+// v4 (fused_v4_kernel.cuh; live for wide bf16/f16 W with 16-byte aligned
+// rows on compute capability 9.0): TMA copies into a 6-stage ring of
+// 128 x 64 tiles (32 KB per stage: two operands for an off-diagonal job),
+// 2 consumer warpgroups of wgmma m64n128k16 (64 Gram rows each) and one
+// producer warpgroup; jobs are whole 128 x 128 Gram tiles (col_tile 128),
+// a diagonal job computing its whole symmetric square; one persistent block
+// per SM (192 KB of shared memory, 384 threads, 150 registers). Chains of
+// 4 k-steps per fresh accumulator as v3. Measurements: NOTES.md, fused v4.
+inline constexpr LaunchPolicy kFusedPolicyV4Sm90{
+    "fused-v4-tma-wgmma-bt128s6", 128, 12, 64, 128, 6, 0, 128, 1, 6, 4, 0};
+
 // The kernel version string, e.g.
-// "cuda-fused-v3/sm90/fused-v3-...+tall:fused-v1-...": the policies that
-// serve wide and tall matrices.
+// "cuda-fused-v4/sm90/fused-v4-...+fused-v3-...+tall:fused-v1-...": the
+// policies that serve wide and tall matrices on that device (v4 on 9.0 only).
 std::string KernelVersion(int sm_major, int sm_minor);
+
+// Whether the device runs fused v4 (sm_90a code: compute capability 9.0).
+bool FusedV4Runs(int sm_major, int sm_minor);
 
 // Which fused policy serves a rows x cols matrix: v3 for wide (rows <=
 // cols), v1 for tall.

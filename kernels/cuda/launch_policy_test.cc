@@ -3,6 +3,7 @@
 // right weights; grouping and chunking must keep every matrix.
 #include "kernels/cuda/launch_policy.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -112,9 +113,38 @@ TEST(LaunchPolicy, PackedRowsAre16ByteAligned) {
 
 TEST(LaunchPolicy, VersionNamesTheKernel) {
   const std::string v = KernelVersion(9, 0);
-  EXPECT_NE(v.find("cuda-fused-v3/sm90"), std::string::npos) << v;
+  EXPECT_NE(v.find("cuda-fused-v4/sm90"), std::string::npos) << v;
+  EXPECT_NE(v.find(kFusedPolicyV4Sm90.name), std::string::npos) << v;
   EXPECT_NE(v.find(kFusedPolicyV3Sm90.name), std::string::npos) << v;
   EXPECT_NE(v.find(kFusedPolicySm90.name), std::string::npos) << v;
+  // v4 is sm_90a code: other devices get v3.
+  const std::string a100 = KernelVersion(8, 0);
+  EXPECT_NE(a100.find("cuda-fused-v3/sm80"), std::string::npos) << a100;
+  EXPECT_EQ(a100.find(kFusedPolicyV4Sm90.name), std::string::npos) << a100;
+  EXPECT_FALSE(FusedV4Runs(10, 0));
+  EXPECT_TRUE(FusedV4Runs(9, 0));
+}
+
+// v4 jobs: whole 128 x 128 tiles, diagonal ones weight 1 over their square,
+// off-diagonal ones weight 2: every Gram entry counted once (with i <-> j).
+TEST(LaunchPolicy, V4JobsWeightEveryGramEntryOnce) {
+  const LaunchPolicy& p = kFusedPolicyV4Sm90;
+  for (int64_t side : {1, 7, 127, 128, 129, 300, 1024}) {
+    std::vector<FusedJobV2> jobs;
+    AppendFusedJobsV2(0, side, p, &jobs);
+    std::vector<int> w(static_cast<size_t>(side * side), 0);
+    for (const FusedJobV2& j : jobs) {
+      for (int64_t r = j.row0; r < std::min<int64_t>(j.row0 + 128, side); ++r) {
+        for (int64_t c = j.col0; c < std::min<int64_t>(j.col0 + 128, side); ++c) {
+          w[r * side + c] += 1;
+          if (!j.diagonal) w[c * side + r] += 1;
+        }
+      }
+    }
+    for (int x : w) ASSERT_EQ(x, 1) << "side " << side;
+    const int64_t t = (side + 127) / 128;
+    EXPECT_EQ(static_cast<int64_t>(jobs.size()), t * (t + 1) / 2);
+  }
 }
 
 // v2 jobs, with the kernel's 16 x 16 blocks (fused_v2_kernel.cuh: diagonal

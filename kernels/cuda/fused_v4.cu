@@ -1,0 +1,60 @@
+// The fused kernel v4's launcher and tensor maps (fused_v4_kernel.cuh).
+// Compiled for sm_90a only (CMakeLists.txt: rvd_cuda_sm90a).
+#include <cudaTypedefs.h>
+
+#include "kernels/cuda/fused_v4_kernel.cuh"
+#include "kernels/cuda/kernels.h"
+
+namespace rvd::cuda {
+
+static_assert(sizeof(CUtensorMap) == kTensorMapBytes, "CUtensorMap size");
+
+namespace {
+
+// The driver's encoder, through the runtime (no link against libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                         cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+bool FusedV4Serves(DType dtype, const MatrixDesc& d) {
+  return dtype != DType::kF32 && d.tall == 0 && d.aligned != 0;
+}
+
+cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  if (!FusedV4Serves(dtype, d)) return cudaErrorInvalidValue;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(d.cols),
+                              static_cast<cuuint64_t>(d.rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(d.ld) * 2};
+  const cuuint32_t box[2] = {fused_v4::kSliceK, fused_v4::kTile};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = encode(
+      static_cast<CUtensorMap*>(map),
+      dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      2, const_cast<void*>(d.data), dims, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchFusedV4(DType dtype, const void* maps, const MatrixDesc* mats,
+                          const FusedJobV2* jobs, int num_jobs, double* g2,
+                          double* trace, float* maxabs, cudaStream_t stream) {
+  return fused_v4::LaunchFusedV4Dispatch<false>(dtype, maps, mats, jobs, num_jobs, g2,
+                                                trace, maxabs, stream);
+}
+
+}  // namespace rvd::cuda
