@@ -169,17 +169,26 @@ TEST_F(CudaEngineTest, ExactVariantsMatchOracle) {
   }
   // Each fused kernel served what it should (kShapes has wide and tall
   // shapes; host matrices are packed with 16-byte aligned rows, so on sm_90
-  // v4 serves every wide 16-bit one, v3 the wide f32), nothing else.
+  // v4 serves every wide one it can), nothing else.
   const auto counts = engine_->ServedCounts();
   const std::string v4 = absl::StrCat("fused/", kFusedPolicyV4Sm90.name);
   const std::string v3 = absl::StrCat("fused/", kFusedPolicyV3Sm90.name);
   const std::string v1 = absl::StrCat("fused/", kFusedPolicySm90.name);
-  int64_t wide = 0, tall = 0;
-  for (const Shape& sh : kShapes) (sh.rows <= sh.cols ? wide : tall) += 4;
-  const int64_t wide16 = V4Runs() ? 2 * wide : 0;
-  EXPECT_EQ(counts.count(v4) ? counts.at(v4) : 0, wide16);
-  EXPECT_EQ(counts.count(v3) ? counts.at(v3) : 0, 3 * wide - wide16);
-  EXPECT_EQ(counts.count(v1) ? counts.at(v1) : 0, 3 * tall);
+  // (v4 takes f32 only for Grams of side <= 128.)
+  int64_t on_v4 = 0, on_v3 = 0, on_v1 = 0;
+  for (const Shape& sh : kShapes) {
+    if (sh.rows > sh.cols) {
+      on_v1 += 3 * 4;
+    } else if (!V4Runs()) {
+      on_v3 += 3 * 4;
+    } else {
+      on_v4 += (sh.rows <= 128 ? 3 : 2) * 4;
+      on_v3 += (sh.rows <= 128 ? 0 : 1) * 4;
+    }
+  }
+  EXPECT_EQ(counts.count(v4) ? counts.at(v4) : 0, on_v4);
+  EXPECT_EQ(counts.count(v3) ? counts.at(v3) : 0, on_v3);
+  EXPECT_EQ(counts.count(v1) ? counts.at(v1) : 0, on_v1);
 }
 
 // v2 (wide) and v1 (tall) jobs in one call, several dtypes interleaved: each

@@ -29,7 +29,8 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 }  // namespace
 
 bool FusedV4Serves(DType dtype, const MatrixDesc& d) {
-  return dtype != DType::kF32 && d.tall == 0 && d.aligned != 0;
+  // f32 runs diagonal jobs only (fused_v4_kernel.cuh, Layout<float>).
+  return d.tall == 0 && d.aligned != 0 && (dtype != DType::kF32 || d.n <= fused_v4::kTile);
 }
 
 cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map) {
@@ -38,15 +39,19 @@ cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map) {
   if (!FusedV4Serves(dtype, d)) return cudaErrorInvalidValue;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(d.cols),
                               static_cast<cuuint64_t>(d.rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(d.ld) * 2};
+  const bool f32 = dtype == DType::kF32;
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(d.ld) * (f32 ? 4 : 2)};
   const cuuint32_t box[2] = {fused_v4::kSliceK, fused_v4::kTile};
   const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = encode(
-      static_cast<CUtensorMap*>(map),
-      dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-      2, const_cast<void*>(d.data), dims, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  // 16-bit tiles land in the 128B-swizzle layout wgmma reads; f32 tiles
+  // plainly (256-byte rows), for the consumers to convert.
+  const CUtensorMapDataType type = f32                      ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                   : dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult r = encode(static_cast<CUtensorMap*>(map), type, 2, const_cast<void*>(d.data),
+                            dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            f32 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 

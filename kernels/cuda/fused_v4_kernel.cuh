@@ -62,18 +62,30 @@
 namespace rvd::cuda::fused_v4 {
 
 constexpr int kTile = 128;                   // Gram rows and columns of a job
-constexpr int kSliceK = 64;                  // K elements per stage (128 bytes)
-constexpr int kStages = 6;
+constexpr int kSliceK = 64;                  // K elements per stage
 constexpr int kConsumers = 2;                // warpgroups of 64 Gram rows
 constexpr int kThreads = 128 * (kConsumers + 1);
-constexpr int kTileBytes = kTile * kSliceK * 2;  // one operand, 16 KB
-constexpr int kStageBytes = 2 * kTileBytes;
 constexpr int kConsumerWarps = 4 * kConsumers;
-// Shared memory: stages (1024-byte aligned for the 128B swizzle), then
-// 2 x kStages mbarriers, then the epilogue's per-warp partials (two sets).
-constexpr int kBarrierOffset = kStages * kStageBytes;
-constexpr int kReduceOffset = kBarrierOffset + 2 * kStages * 8;
-constexpr int kSmemBytes = 1024 + kReduceOffset + 2 * kConsumerWarps * 24;
+constexpr int kHalfTileBytes = kTile * kSliceK * 2;  // one 16-bit operand tile
+
+// Shared memory per input type: the TMA ring (1024-byte aligned for the
+// 128B swizzle), for f32 the converted f16 hi/lo tiles (two sets), then
+// 2 x stages mbarriers and the epilogue's per-warp partials (two sets).
+//   16-bit: 6 stages of 32 KB (two operands for an off-diagonal job).
+//   f32:    4 stages of one 128 x 64 f32 tile (diagonal jobs only, n <=
+//           128), plus 2 x (hi + 2 lo) f16 tiles the consumers convert into.
+template <typename T>
+struct Layout {
+  static constexpr bool kF32 = std::is_same_v<T, float>;
+  static constexpr int kStages = kF32 ? 4 : 6;
+  static constexpr int kTileBytes = kTile * kSliceK * (kF32 ? 4 : 2);  // one TMA copy
+  static constexpr int kStageBytes = kF32 ? kTileBytes : 2 * kTileBytes;
+  static constexpr int kConvOffset = kStages * kStageBytes;
+  static constexpr int kConvBytes = kF32 ? 2 * 2 * kHalfTileBytes : 0;
+  static constexpr int kBarrierOffset = kConvOffset + kConvBytes;
+  static constexpr int kReduceOffset = kBarrierOffset + 2 * kStages * 8;
+  static constexpr int kSmemBytes = 1024 + kReduceOffset + 2 * kConsumerWarps * 24 + 64;
+};
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define RVD_FUSED_V4_DEVICE 1
@@ -179,30 +191,59 @@ __device__ __forceinline__ void FenceAccumulators(float (&d)[64]) {
       "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),           \
       "+f"(d[62]), "+f"(d[63])
 
-// d (+)= A (64 x 16, K-major) * B^T (B: 128 x 16, K-major); accumulate = 0
-// starts from zero.
-template <typename T>
-__device__ __forceinline__ void WgmmaM64N128K16(float (&d)[64], uint64_t a, uint64_t b,
-                                                int accumulate) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+#define RVD_V4_D64_OUTPUTS(d)                                                   \
+  "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]),        \
+      "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]),  \
+      "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]),           \
+      "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]),           \
+      "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]),           \
+      "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]),           \
+      "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]),           \
+      "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]),           \
+      "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]),           \
+      "=f"(d[47]), "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]),           \
+      "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), "=f"(d[56]),           \
+      "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]),           \
+      "=f"(d[62]), "=f"(d[63])
+
+// d = A (64 x 16, K-major) * B^T (B: 128 x 16, K-major) (+ d unless
+// kFirst: the first k-step of a chain writes d without reading it, so the
+// compiler need not keep d's old values alive).
+template <typename T, bool kFirst>
+__device__ __forceinline__ void WgmmaM64N128K16(float (&d)[64], uint64_t a, uint64_t b) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
+  if constexpr (kFirst && std::is_same_v<T, __nv_bfloat16>) {
     asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+        "{\n .reg .pred p;\n setp.ne.b32 p, 0, 0;\n"
         " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " RVD_V4_D64
         ", %64, %65, p, 1, 1, 0, 0;\n}"
-        : RVD_V4_D64_OPERANDS(d)
-        : "l"(a), "l"(b), "r"(accumulate));
-  } else {
+        : RVD_V4_D64_OUTPUTS(d)
+        : "l"(a), "l"(b));
+  } else if constexpr (kFirst) {
     asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+        "{\n .reg .pred p;\n setp.ne.b32 p, 0, 0;\n"
         " wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " RVD_V4_D64
         ", %64, %65, p, 1, 1, 0, 0;\n}"
+        : RVD_V4_D64_OUTPUTS(d)
+        : "l"(a), "l"(b));
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " RVD_V4_D64
+        ", %64, %65, 1, 1, 1, 0, 0;"
         : RVD_V4_D64_OPERANDS(d)
-        : "l"(a), "l"(b), "r"(accumulate));
+        : "l"(a), "l"(b));
+  } else {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " RVD_V4_D64
+        ", %64, %65, 1, 1, 1, 0, 0;"
+        : RVD_V4_D64_OPERANDS(d)
+        : "l"(a), "l"(b));
   }
 }
 
 #undef RVD_V4_D64
 #undef RVD_V4_D64_OPERANDS
+#undef RVD_V4_D64_OUTPUTS
 
 template <typename T>
 __device__ __forceinline__ T WarpSum(T v) {
@@ -222,6 +263,154 @@ __device__ __forceinline__ float WarpMaxKeepNaN(float v) {
 
 #endif  // RVD_FUSED_V4_DEVICE
 
+#ifdef RVD_FUSED_V4_DEVICE
+
+// The producer thread: each job's K-slices into the ring, in job order.
+template <typename T>
+__device__ __forceinline__ void ProduceSlices(const CUtensorMap* maps, const MatrixDesc* mats,
+                                              const FusedJobV2* jobs, int num_jobs,
+                                              uint32_t tiles, uint32_t full0, uint32_t empty0) {
+  using L = Layout<T>;
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int j = blockIdx.x; j < num_jobs; j += gridDim.x) {
+    const FusedJobV2 job = jobs[j];
+    const CUtensorMap* map = maps + job.matrix;
+    AcquireTensorMap(map);
+    const int slices = (mats[job.matrix].cols + kSliceK - 1) / kSliceK;
+    const bool diag = job.diagonal != 0;
+    for (int k = 0; k < slices; ++k) {
+      MbarWait(empty0 + 8 * stage, phase ^ 1);
+      const uint32_t full = full0 + 8 * stage;
+      const uint32_t a = tiles + stage * L::kStageBytes;
+      MbarArriveExpectTx(full, diag ? L::kTileBytes : 2 * L::kTileBytes);
+      TmaLoadTile(a, map, k * kSliceK, job.row0, full);
+      if (!diag) TmaLoadTile(a + L::kTileBytes, map, k * kSliceK, job.col0, full);
+      if (++stage == L::kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+  }
+}
+
+// Job j's outputs from each consumer thread's 64 running sums. Fragment
+// entry i: Gram row 16 warp + lane / 4 + 8 ((i / 2) % 2) of the tile,
+// column 8 (i / 4) + 2 (lane % 4) + i % 2.
+__device__ __forceinline__ void ReduceJob(const float (&sum)[64], bool diag, int k, int j,
+                                          double* red, int parity, double* g2,
+                                          double* trace, float* maxabs) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  double g = 0.0, t = 0.0;
+  float dmax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const double v = sum[i];
+    g = fma(v, v, g);
+    const int row = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
+    const int col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+    if (diag && row == col) {
+      t += v;
+      dmax = (sum[i] > dmax || sum[i] != sum[i]) ? sum[i] : dmax;
+    }
+  }
+  g = WarpSum(g);
+  t = WarpSum(t);
+  dmax = WarpMaxKeepNaN(dmax);
+  double* slot = red + parity * kConsumerWarps * 3;
+  if (lane == 0) {
+    slot[3 * warp] = g;
+    slot[3 * warp + 1] = t;
+    slot[3 * warp + 2] = dmax;
+  }
+  asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
+  if (threadIdx.x == 0) {
+    double bg = 0.0, bt = 0.0;
+    float bd = 0.0f;
+    for (int w = 0; w < kConsumerWarps; ++w) {
+      bg += slot[3 * w];
+      bt += slot[3 * w + 1];
+      const float d = static_cast<float>(slot[3 * w + 2]);
+      bd = (d > bd || d != d) ? d : bd;
+    }
+    g2[j] = diag ? bg : 2.0 * bg;
+    trace[j] = bt;
+    float mx = 0.0f;
+    if (diag) {
+      if (bd == 0.0f) {
+        mx = __int_as_float(0x7f800000);  // +Inf: untrusted
+      } else if (isfinite(bd)) {
+        mx = sqrtf(bd / static_cast<float>(k));
+      }
+    }
+    maxabs[j] = mx;
+  }
+}
+
+// f32: the consumers split each 128 x 64 tile into f16 hi + lo (w s = hi +
+// lo + O(2^-22 |w s|), s a power of 2 that puts the tile's largest |w| in
+// [2^14, 2^15): f16's range holds it and lo keeps 11 more bits), and a
+// slice's product is hi hi^T + hi (2 lo)^T = P + 2X (8 chained wgmma),
+// unscaled by s^-2 when added to the sums. The Gram is P + X + X^T; only
+// diagonal jobs run here (n <= 128), so the sums hold the whole square and
+//   trace(P + 2X) = trace(G),
+//   sum (P + 2X)_ij^2 = sum G_ij^2 + sum (X_ij - X_ji)^2    (P symmetric),
+// the last term second order in the rounding residuals (like the lo lo^T
+// that 3xTF32 drops): one product fewer than hi hi^T + hi lo^T + lo hi^T.
+// Writes hi and 2 lo in the 128B-swizzle layout wgmma reads; returns s^-2
+// (clamped at 2^126: a tile that large overflows the f32 Gram anyway, and
+// the finalize then falls back).
+__device__ __forceinline__ float ConvertTile(const float* src, uint32_t hi, uint32_t lo,
+                                             uint32_t* red_max) {
+  constexpr int kTasks = kTile * kSliceK / 4 / (128 * kConsumers);  // float4 per thread
+  const int tid = threadIdx.x, lane = tid % 32;
+  float4 v[kTasks];
+  uint32_t mx = 0;
+#pragma unroll
+  for (int q = 0; q < kTasks; ++q) {
+    // Task q: float4 t = tid + 256 q of the tile: row t / 16, floats
+    // 4 (t % 16) .. + 3; each 8 lanes read 128 contiguous bytes.
+    v[q] = reinterpret_cast<const float4*>(src)[tid + 128 * kConsumers * q];
+    mx = max(mx, __float_as_uint(v[q].x) & 0x7fffffffu);
+    mx = max(mx, __float_as_uint(v[q].y) & 0x7fffffffu);
+    mx = max(mx, __float_as_uint(v[q].z) & 0x7fffffffu);
+    mx = max(mx, __float_as_uint(v[q].w) & 0x7fffffffu);
+  }
+  mx = __reduce_max_sync(0xffffffffu, mx);
+  if (lane == 0) red_max[tid / 32] = mx;
+  asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
+#pragma unroll
+  for (int w = 0; w < kConsumerWarps; ++w) mx = max(mx, red_max[w]);
+  // s = 2^(e - 127) with e = 268 - biased exponent of max |w|, in [64, 254].
+  int e = 268 - static_cast<int>(mx >> 23);
+  e = e < 64 ? 64 : (e > 254 ? 254 : e);
+  const float scale = __uint_as_float(static_cast<uint32_t>(e) << 23);
+#pragma unroll
+  for (int q = 0; q < kTasks; ++q) {
+    const int t = tid + 128 * kConsumers * q;
+    const int row = t / 16, h = t % 16;
+    const float x[4] = {v[q].x * scale, v[q].y * scale, v[q].z * scale, v[q].w * scale};
+    __half2 h01 = __floats2half2_rn(x[0], x[1]), h23 = __floats2half2_rn(x[2], x[3]);
+    const float2 b01 = __half22float2(h01), b23 = __half22float2(h23);
+    // 2 lo: x - hi is exact in f32; doubling it is exact.
+    __half2 l01 = __floats2half2_rn(2.0f * (x[0] - b01.x), 2.0f * (x[1] - b01.y));
+    __half2 l23 = __floats2half2_rn(2.0f * (x[2] - b23.x), 2.0f * (x[3] - b23.y));
+    // 16-byte chunk h / 2 of the row, swizzled with row % 8; this half of it.
+    const uint32_t at = row * 128 + (((h / 2) ^ (row % 8)) << 4) + (h % 2) * 8;
+    asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(hi + at),
+                 "r"(*reinterpret_cast<uint32_t*>(&h01)), "r"(*reinterpret_cast<uint32_t*>(&h23))
+                 : "memory");
+    asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(lo + at),
+                 "r"(*reinterpret_cast<uint32_t*>(&l01)), "r"(*reinterpret_cast<uint32_t*>(&l23))
+                 : "memory");
+  }
+  // The tensor cores read these tiles through the async proxy.
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  return ldexpf(1.0f, 254 - 2 * e);
+}
+
+#endif  // RVD_FUSED_V4_DEVICE
+
 // kMutant (tests only): the last k-step of each slice reads B at the
 // slice's first k-step (one wrong index): a Gram that is wrong yet
 // plausible (about 3/4 of W W^T), which the finalize's range test does not
@@ -232,18 +421,20 @@ __global__ void __launch_bounds__(kThreads, 1)
                   const FusedJobV2* jobs, int num_jobs, double* g2, double* trace,
                   float* maxabs) {
 #ifdef RVD_FUSED_V4_DEVICE
+  using L = Layout<T>;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = SmemAddr(smem_raw);
   const uint32_t tiles = (raw + 1023) & ~1023u;
   unsigned char* const base = smem_raw + (tiles - raw);
-  const uint32_t full0 = tiles + kBarrierOffset;   // full[s] at full0 + 8 s
-  const uint32_t empty0 = full0 + kStages * 8;     // empty[s]
-  double* const red = reinterpret_cast<double*>(base + kReduceOffset);
+  const uint32_t full0 = tiles + L::kBarrierOffset;  // full[s] at full0 + 8 s
+  const uint32_t empty0 = full0 + L::kStages * 8;    // empty[s]
+  double* const red = reinterpret_cast<double*>(base + L::kReduceOffset);
+  uint32_t* const red_max = reinterpret_cast<uint32_t*>(red + 2 * kConsumerWarps * 3);
 
   const int warp = threadIdx.x / 32;  // consumers 0 .. 7, producer 8 .. 11
   const int lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < L::kStages; ++s) {
       MbarInit(full0 + 8 * s, 1);
       MbarInit(empty0 + 8 * s, kConsumerWarps);
     }
@@ -253,34 +444,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warp >= kConsumerWarps) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    if (warp != kConsumerWarps || lane != 0) return;
-    int stage = 0;
-    uint32_t phase = 0;
-    for (int j = blockIdx.x; j < num_jobs; j += gridDim.x) {
-      const FusedJobV2 job = jobs[j];
-      const CUtensorMap* map = maps + job.matrix;
-      AcquireTensorMap(map);
-      const int slices = (mats[job.matrix].cols + kSliceK - 1) / kSliceK;
-      const bool diag = job.diagonal != 0;
-      for (int k = 0; k < slices; ++k) {
-        MbarWait(empty0 + 8 * stage, phase ^ 1);
-        const uint32_t full = full0 + 8 * stage;
-        const uint32_t a = tiles + stage * kStageBytes;
-        MbarArriveExpectTx(full, diag ? kTileBytes : 2 * kTileBytes);
-        TmaLoadTile(a, map, k * kSliceK, job.row0, full);
-        if (!diag) TmaLoadTile(a + kTileBytes, map, k * kSliceK, job.col0, full);
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
-      }
+    if (warp == kConsumerWarps && lane == 0) {
+      ProduceSlices<T>(maps, mats, jobs, num_jobs, tiles, full0, empty0);
     }
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
 
   // Consumers. The ring is walked twice in the same order: `next` issues
-  // (waits for a full stage), `done` frees.
+  // (16-bit) or converts (f32) the next full stage, `done` frees.
   const int c = warp / 4;
   int next = 0, done = 0;
   uint32_t next_phase = 0;
@@ -288,107 +460,100 @@ __global__ void __launch_bounds__(kThreads, 1)
   float part0[64], part1[64];
   for (int j = blockIdx.x; j < num_jobs; j += gridDim.x) {
     const FusedJobV2 job = jobs[j];
-    const MatrixDesc m = mats[job.matrix];
-    const int slices = (m.cols + kSliceK - 1) / kSliceK;
+    const int cols = mats[job.matrix].cols;
+    const int slices = (cols + kSliceK - 1) / kSliceK;
     const bool diag = job.diagonal != 0;
     float sum[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) sum[i] = 0.0f;
-    // Issues the next stage's slice into `part` (4 chained wgmma, from 0).
-    auto issue = [&](float (&part)[64]) {
-      MbarWait(full0 + 8 * next, next_phase);
-      const uint32_t a_tile = tiles + next * kStageBytes;
-      const uint32_t a = a_tile + c * 64 * 128;
-      const uint32_t b = diag ? a_tile : a_tile + kTileBytes;
-      FenceAccumulators(part);
-      WgmmaFence();
-#pragma unroll
-      for (int kk = 0; kk < kSliceK / 16; ++kk) {
-        const int kb = kMutant && kk == kSliceK / 16 - 1 ? 0 : kk;
-        WgmmaM64N128K16<T>(part, SwizzledDesc(a + 32 * kk), SwizzledDesc(b + 32 * kb), kk);
-      }
-      WgmmaCommit();
-      if (++next == kStages) {
+    auto advance = [&] {
+      if (++next == L::kStages) {
         next = 0;
         next_phase ^= 1;
       }
     };
-    // Adds a finished slice into the sums and frees its stage.
-    auto retire = [&](float (&part)[64]) {
-      FenceAccumulators(part);
+    auto free_stage = [&] {
       if (lane == 0) MbarArrive(empty0 + 8 * done);
-      if (++done == kStages) done = 0;
-#pragma unroll
-      for (int i = 0; i < 64; ++i) sum[i] = __fadd_rn(sum[i], part[i]);
+      if (++done == L::kStages) done = 0;
     };
-    // part0 holds the oldest slice in flight at the top of the loop.
-    issue(part0);
-    int k = 0;
-    for (; k + 2 < slices; k += 2) {
-      issue(part1);
-      WgmmaWait<1>();
-      retire(part0);
-      issue(part0);
-      WgmmaWait<1>();
-      retire(part1);
-    }
-    if (k + 1 < slices) {
-      issue(part1);
-      WgmmaWait<1>();
-      retire(part0);
-      WgmmaWait<0>();
-      retire(part1);
-    } else {
-      WgmmaWait<0>();
-      retire(part0);
-    }
-
-    // Epilogue. Fragment entry i: row 16 (warp % 4) + lane / 4 + 8 ((i / 2) % 2)
-    // of this consumer's 64, column 8 (i / 4) + 2 (lane % 4) + i % 2.
-    double g = 0.0, t = 0.0;
-    float dmax = 0.0f;
+    // Issues the next slice into `part` (chained wgmma from zero) from the
+    // operand tiles at a_tile / b_tile (and, f32, their lo halves at +lo).
+    auto mma = [&](float (&part)[64], uint32_t a_tile, uint32_t b_tile, uint32_t lo) {
+      const uint32_t a = a_tile + c * 64 * 128;
+      FenceAccumulators(part);
+      WgmmaFence();
+      using MmaT = std::conditional_t<L::kF32, __half, T>;
+      WgmmaM64N128K16<MmaT, true>(part, SwizzledDesc(a), SwizzledDesc(b_tile));
+      if constexpr (L::kF32) {  // hi hi^T + hi (2 lo)^T
+        WgmmaM64N128K16<MmaT, false>(part, SwizzledDesc(a), SwizzledDesc(b_tile + lo));
+      }
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      const double v = sum[i];
-      g = fma(v, v, g);
-      const int row = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
-      const int col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
-      if (diag && row == col) {
-        t += v;
-        dmax = (sum[i] > dmax || sum[i] != sum[i]) ? sum[i] : dmax;
-      }
-    }
-    g = WarpSum(g);
-    t = WarpSum(t);
-    dmax = WarpMaxKeepNaN(dmax);
-    double* slot = red + parity * kConsumerWarps * 3;
-    if (lane == 0) {
-      slot[3 * warp] = g;
-      slot[3 * warp + 1] = t;
-      slot[3 * warp + 2] = dmax;
-    }
-    asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
-    if (threadIdx.x == 0) {
-      double bg = 0.0, bt = 0.0;
-      float bd = 0.0f;
-      for (int w = 0; w < kConsumerWarps; ++w) {
-        bg += slot[3 * w];
-        bt += slot[3 * w + 1];
-        const float d = static_cast<float>(slot[3 * w + 2]);
-        bd = (d > bd || d != d) ? d : bd;
-      }
-      g2[j] = diag ? bg : 2.0 * bg;
-      trace[j] = bt;
-      float mx = 0.0f;
-      if (diag) {
-        if (bd == 0.0f) {
-          mx = __int_as_float(0x7f800000);  // +Inf: untrusted
-        } else if (isfinite(bd)) {
-          mx = sqrtf(bd / static_cast<float>(m.cols));
+      for (int kk = 1; kk < kSliceK / 16; ++kk) {
+        const int kb = kMutant && kk == kSliceK / 16 - 1 ? 0 : kk;
+        WgmmaM64N128K16<MmaT, false>(part, SwizzledDesc(a + 32 * kk),
+                                     SwizzledDesc(b_tile + 32 * kb));
+        if constexpr (L::kF32) {
+          WgmmaM64N128K16<MmaT, false>(part, SwizzledDesc(a + 32 * kk),
+                                       SwizzledDesc(b_tile + lo + 32 * kb));
         }
       }
-      maxabs[j] = mx;
+      WgmmaCommit();
+    };
+    // 16-bit: the stage itself holds the operands.
+    // f32: convert the stage into hi/lo set `set`, free the stage, then
+    // wait until every consumer has written its part of the set.
+    float inv0 = 1.0f, inv1 = 1.0f;  // f32: s^-2 of the slice in part0 / part1
+    auto issue = [&](float (&part)[64], float& inv, int set) {
+      MbarWait(full0 + 8 * next, next_phase);
+      const uint32_t a_tile = tiles + next * L::kStageBytes;
+      if constexpr (L::kF32) {
+        const uint32_t hi = tiles + L::kConvOffset + set * 2 * kHalfTileBytes;
+        inv = ConvertTile(reinterpret_cast<const float*>(base + (a_tile - tiles)), hi,
+                          hi + kHalfTileBytes, red_max);
+        free_stage();
+        advance();
+        asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
+        mma(part, hi, hi, kHalfTileBytes);
+      } else {
+        mma(part, a_tile, diag ? a_tile : a_tile + L::kTileBytes, 0);
+        advance();
+      }
+    };
+    // Adds a finished slice into the sums (and, 16-bit, frees its stage).
+    auto retire = [&](float (&part)[64], float inv) {
+      FenceAccumulators(part);
+      if constexpr (L::kF32) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) sum[i] = __fmaf_rn(part[i], inv, sum[i]);
+      } else {
+        free_stage();
+#pragma unroll
+        for (int i = 0; i < 64; ++i) sum[i] = __fadd_rn(sum[i], part[i]);
+      }
+    };
+    // part0 holds the oldest slice in flight at the top of the loop; f32
+    // converts slice k + 1 while slice k's wgmma run.
+    issue(part0, inv0, 0);
+    int k = 0;
+    for (; k + 2 < slices; k += 2) {
+      issue(part1, inv1, 1);
+      WgmmaWait<1>();
+      retire(part0, inv0);
+      issue(part0, inv0, 0);
+      WgmmaWait<1>();
+      retire(part1, inv1);
     }
+    if (k + 1 < slices) {
+      issue(part1, inv1, 1);
+      WgmmaWait<1>();
+      retire(part0, inv0);
+      WgmmaWait<0>();
+      retire(part1, inv1);
+    } else {
+      WgmmaWait<0>();
+      retire(part0, inv0);
+    }
+    ReduceJob(sum, diag, cols, j, red, parity, g2, trace, maxabs);
     parity ^= 1;
   }
 #endif  // RVD_FUSED_V4_DEVICE
@@ -400,16 +565,16 @@ cudaError_t LaunchFusedV4T(const void* maps, const MatrixDesc* mats,
                            double* trace, float* maxabs, cudaStream_t stream) {
   if (num_jobs <= 0) return cudaSuccess;
   auto* kernel = FusedV4Kernel<T, kMutant>;
-  cudaError_t e =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  constexpr int smem = Layout<T>::kSmemBytes;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   int device = 0, sms = 0;
   e = cudaGetDevice(&device);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (e != cudaSuccess) return e;
   const int grid = num_jobs < sms ? num_jobs : sms;
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(static_cast<const CUtensorMap*>(maps), mats,
-                                                  jobs, num_jobs, g2, trace, maxabs);
+  kernel<<<grid, kThreads, smem, stream>>>(static_cast<const CUtensorMap*>(maps), mats, jobs,
+                                           num_jobs, g2, trace, maxabs);
   return cudaGetLastError();
 }
 
@@ -425,7 +590,8 @@ cudaError_t LaunchFusedV4Dispatch(DType dtype, const void* maps, const MatrixDes
       return LaunchFusedV4T<__half, kMutant>(maps, mats, jobs, num_jobs, g2, trace, maxabs,
                                              stream);
     case DType::kF32:
-      break;
+      return LaunchFusedV4T<float, kMutant>(maps, mats, jobs, num_jobs, g2, trace, maxabs,
+                                            stream);
   }
   return cudaErrorInvalidValue;
 }
