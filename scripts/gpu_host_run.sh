@@ -7,6 +7,7 @@
 #   cuda_engine_test.log      the CUDA engine's GPU tests (ctest label gpu)
 #   integration_gpu.log       rvd + librvd_cuda.so driven by rvctl (label gpu)
 #   gpu_bench.{json,log}      rvd_bench_gpu: validation, then timings
+#   gpu_ab.{json,log}         rvd_bench_gpu --ab: fused v3 and v4 side by side
 #   e2e_gpu.{json,log}        a copy-mode measurement through the daemon
 #   torch_peers.{json,log}    the PyTorch peers (bench/torch_peers.py)
 # Exit status: non-zero if any step failed (every step still runs).
@@ -42,11 +43,13 @@ step() {  # step NAME TIMEOUT_S COMMAND...: runs, logs to $OUT/NAME.log
   tail -n 4 "$OUT/$name.log"
   [[ $status -eq 0 ]] || { echo "!! $name failed ($status)"; rc=1; }
 }
-step cuda_engine_test 180 "$stage/bin/cuda_engine_test"
-step integration_gpu 180 python3 -m pytest -q -p no:cacheprovider tests/gpu
-step gpu_bench 240 "$stage/bin/rvd_bench_gpu" --json "$OUT/gpu_bench.json"
-step e2e_gpu 180 python3 bench/e2e_gpu.py --rounds 5
-step torch_peers 240 bash -c "python3 bench/torch_peers.py > '$OUT/torch_peers.json'"
+# Limits about 3x each step's usual time: a hung kernel costs device time.
+step cuda_engine_test 90 "$stage/bin/cuda_engine_test"
+step integration_gpu 120 python3 -m pytest -q -p no:cacheprovider tests/gpu
+step gpu_bench 180 "$stage/bin/rvd_bench_gpu" --json "$OUT/gpu_bench.json"
+step gpu_ab 120 "$stage/bin/rvd_bench_gpu" --ab --reps 30 --json "$OUT/gpu_ab.json"
+step e2e_gpu 120 python3 bench/e2e_gpu.py --rounds 5
+step torch_peers 180 bash -c "python3 bench/torch_peers.py > '$OUT/torch_peers.json'"
 cat "$OUT/torch_peers.json"
 grep -h '^{' "$OUT/e2e_gpu.log" > "$OUT/e2e_gpu.json" || true
 exit $rc

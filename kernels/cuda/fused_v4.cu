@@ -37,22 +37,20 @@ cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   if (!FusedV4Serves(dtype, d)) return cudaErrorInvalidValue;
-  const bool f32 = dtype == DType::kF32;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(d.cols),
                               static_cast<cuuint64_t>(d.rows)};
+  const bool f32 = dtype == DType::kF32;
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(d.ld) * (f32 ? 4 : 2)};
-  // A 128-row tile of 128-byte rows (f32: half a slice, two copies each).
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(f32 ? fused_v4::kSliceK / 2 : fused_v4::kSliceK),
-                            fused_v4::kTile};
+  const cuuint32_t box[2] = {fused_v4::kSliceK, fused_v4::kTile};
   const cuuint32_t element_strides[2] = {1, 1};
-  // Tiles land in the 128B-swizzle layout: what wgmma reads (16-bit), and
-  // conflict-free row reads for the f32 converters.
+  // 16-bit tiles land in the 128B-swizzle layout wgmma reads; f32 tiles
+  // plainly (256-byte rows), for the consumers to convert.
   const CUtensorMapDataType type = f32                      ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                    : dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult r = encode(static_cast<CUtensorMap*>(map), type, 2, const_cast<void*>(d.data),
                             dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B,
+                            f32 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }

@@ -68,39 +68,32 @@ constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr int kConsumerWarps = 4 * kConsumers;
 constexpr int kHalfTileBytes = kTile * kSliceK * 2;  // one 16-bit operand tile
 
-// Shared memory per input type (1024-byte aligned tiles, for the 128B
-// swizzle): an operand ring of kStages stages that the MMA warpgroups read
-// (full / empty mbarriers), then barriers, f32's per-stage scales and the
-// epilogue's partials.
-//   16-bit: 6 stages of two 128 x 64 TMA tiles (one for a diagonal job).
-//   f32:    4 raw stages of one 128 x 64 f32 tile (two TMA boxes of 32
-//           columns, 128B swizzle; diagonal jobs only, n <= 128) that the
-//           converter warpgroup turns into 2 operand stages of f16 hi and
-//           2 lo tiles.
-// The third warpgroup (TMA for 16-bit; TMA + conversion for f32) gives
-// registers to the MMA warpgroups (setmaxnreg): two accumulator sets and
-// the sums are 192 registers per thread.
+// Shared memory per input type: the TMA ring (1024-byte aligned for the
+// 128B swizzle), for f32 the converted f16 hi/lo tiles (two sets), then
+// 2 x stages mbarriers and the epilogue's per-warp partials (two sets).
+//   16-bit: 6 stages of 32 KB (two operands for an off-diagonal job).
+//   f32:    4 stages of one 128 x 64 f32 tile (diagonal jobs only, n <=
+//           128), plus 2 x (hi + 2 lo) f16 tiles the consumers convert into.
 template <typename T>
 struct Layout {
   static constexpr bool kF32 = std::is_same_v<T, float>;
-  static constexpr int kStages = kF32 ? 2 : 6;
-  static constexpr int kStageBytes = 2 * kHalfTileBytes;
-  static constexpr int kTileBytes = kHalfTileBytes;  // one 16-bit TMA copy
-  static constexpr int kRawStages = kF32 ? 4 : 0;
-  static constexpr int kRawStageBytes = kTile * kSliceK * 4;
-  static constexpr int kOperandOffset = kRawStages * kRawStageBytes;
-  static constexpr int kBarrierOffset = kOperandOffset + kStages * kStageBytes;
-  static constexpr int kInvOffset = kBarrierOffset + 8 * (2 * kStages + kRawStages);
-  static constexpr int kReduceOffset = kInvOffset + 64;
+  static constexpr int kStages = kF32 ? 4 : 6;
+  static constexpr int kTileBytes = kTile * kSliceK * (kF32 ? 4 : 2);  // one TMA copy
+  static constexpr int kStageBytes = kF32 ? kTileBytes : 2 * kTileBytes;
+  static constexpr int kConvOffset = kStages * kStageBytes;
+  static constexpr int kConvBytes = kF32 ? 2 * 2 * kHalfTileBytes : 0;
+  static constexpr int kBarrierOffset = kConvOffset + kConvBytes;
+  static constexpr int kReduceOffset = kBarrierOffset + 2 * kStages * 8;
   static constexpr int kSmemBytes = 1024 + kReduceOffset + 2 * kConsumerWarps * 24 + 64;
-  // setmaxnreg moves registers between warpgroups of a block launched with
-  // 168 each (384 threads): the MMA warpgroups' increase must equal what
-  // the helper gives up, or setmaxnreg.inc waits forever.
-  static constexpr int kLaunchRegs = 168;
-  static constexpr int kHelperRegs = kF32 ? 72 : 40;
-  static constexpr int kMmaRegs = kF32 ? 216 : 232;
-  static_assert(2 * (kMmaRegs - kLaunchRegs) == kLaunchRegs - kHelperRegs, "register budget");
 };
+
+// setmaxnreg moves registers between the warpgroups of a block launched
+// with 168 each (384 threads): the consumers' increase must equal what the
+// producer gives up, or setmaxnreg.inc waits forever (an 80 / 216 split
+// did, H200 run s2-5).
+constexpr int kLaunchRegs = 168, kProducerRegs = 40, kConsumerRegs = 232;
+static_assert(2 * (kConsumerRegs - kLaunchRegs) == kLaunchRegs - kProducerRegs,
+              "register budget");
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define RVD_FUSED_V4_DEVICE 1
@@ -297,7 +290,7 @@ __device__ __forceinline__ void ProduceSlices(const CUtensorMap* maps, const Mat
     for (int k = 0; k < slices; ++k) {
       MbarWait(empty0 + 8 * stage, phase ^ 1);
       const uint32_t full = full0 + 8 * stage;
-      const uint32_t a = tiles + L::kOperandOffset + stage * L::kStageBytes;
+      const uint32_t a = tiles + stage * L::kStageBytes;
       MbarArriveExpectTx(full, diag ? L::kTileBytes : 2 * L::kTileBytes);
       TmaLoadTile(a, map, k * kSliceK, job.row0, full);
       if (!diag) TmaLoadTile(a + L::kTileBytes, map, k * kSliceK, job.col0, full);
@@ -362,122 +355,66 @@ __device__ __forceinline__ void ReduceJob(const float (&sum)[64], bool diag, int
   }
 }
 
-// f32: the converter warpgroup splits each 128 x 64 tile into f16 hi + lo
-// (w s = hi + lo + O(2^-22 |w s|), s a power of 2 that puts the tile's
-// largest |w| in [2^14, 2^15): f16's range holds it and lo keeps 11 more
-// bits); the MMA warpgroups form hi hi^T + hi (2 lo)^T = P + 2X per slice
-// (8 chained wgmma) and unscale it by s^-2 when adding it to the sums. The
-// Gram is P + X + X^T; only diagonal jobs run here (n <= 128), so the sums
-// hold the whole square and
+// f32: the consumers split each 128 x 64 tile into f16 hi + lo (w s = hi +
+// lo + O(2^-22 |w s|), s a power of 2 that puts the tile's largest |w| in
+// [2^14, 2^15): f16's range holds it and lo keeps 11 more bits), and a
+// slice's product is hi hi^T + hi (2 lo)^T = P + 2X (8 chained wgmma),
+// unscaled by s^-2 when added to the sums. The Gram is P + X + X^T; only
+// diagonal jobs run here (n <= 128), so the sums hold the whole square and
 //   trace(P + 2X) = trace(G),
 //   sum (P + 2X)_ij^2 = sum G_ij^2 + sum (X_ij - X_ji)^2    (P symmetric),
 // the last term second order in the rounding residuals (like the lo lo^T
 // that 3xTF32 drops): one product fewer than hi hi^T + hi lo^T + lo hi^T.
-//
-// Thread t of the warpgroup converts row t of each tile; its thread 0 also
-// issues the TMA loads, kRawStages slices ahead (a raw stage is refilled
-// once every thread has passed the next slice's barrier, so after it has
-// finished converting the stage).
-__device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const MatrixDesc* mats,
-                                              const FusedJobV2* jobs, int num_jobs,
-                                              uint32_t tiles, uint32_t full0, uint32_t empty0,
-                                              uint32_t raw_full0, float* inv,
-                                              uint32_t* red_max) {
-  using L = Layout<float>;
-  const int row = threadIdx.x - 128 * kConsumers, lane = row % 32, warp = row / 32;
-  // The load cursor: (job, slice) of the next raw load, in the consumers' order.
-  int lj = blockIdx.x, lk = 0, loaded = 0;
-  auto load_next = [&] {
-    if (lj >= num_jobs) return;
-    const int s = loaded % L::kRawStages;
-    const uint32_t dst = tiles + s * L::kRawStageBytes, bar = raw_full0 + 8 * s;
-    const CUtensorMap* map = maps + jobs[lj].matrix;
-    if (lk == 0) AcquireTensorMap(map);
-    MbarArriveExpectTx(bar, L::kRawStageBytes);
-    TmaLoadTile(dst, map, lk * kSliceK, jobs[lj].row0, bar);
-    TmaLoadTile(dst + L::kRawStageBytes / 2, map, lk * kSliceK + kSliceK / 2, jobs[lj].row0,
-                bar);
-    ++loaded;
-    if (++lk == (mats[jobs[lj].matrix].cols + kSliceK - 1) / kSliceK) {
-      lk = 0;
-      lj += gridDim.x;
-    }
-  };
-  if (row == 0) {
-    for (int i = 0; i < L::kRawStages; ++i) load_next();
+// Writes hi and 2 lo in the 128B-swizzle layout wgmma reads; returns s^-2
+// (clamped at 2^126: a tile that large overflows the f32 Gram anyway, and
+// the finalize then falls back).
+__device__ __forceinline__ float ConvertTile(const float* src, uint32_t hi, uint32_t lo,
+                                             uint32_t* red_max) {
+  constexpr int kTasks = kTile * kSliceK / 4 / (128 * kConsumers);  // float4 per thread
+  const int tid = threadIdx.x, lane = tid % 32;
+  float4 v[kTasks];
+  uint32_t mx = 0;
+#pragma unroll
+  for (int q = 0; q < kTasks; ++q) {
+    // Task q: float4 t = tid + 256 q of the tile: row t / 16, floats
+    // 4 (t % 16) .. + 3; each 8 lanes read 128 contiguous bytes.
+    v[q] = reinterpret_cast<const float4*>(src)[tid + 128 * kConsumers * q];
+    mx = max(mx, __float_as_uint(v[q].x) & 0x7fffffffu);
+    mx = max(mx, __float_as_uint(v[q].y) & 0x7fffffffu);
+    mx = max(mx, __float_as_uint(v[q].z) & 0x7fffffffu);
+    mx = max(mx, __float_as_uint(v[q].w) & 0x7fffffffu);
   }
-  int g = 0;  // slices converted so far
-  for (int j = blockIdx.x; j < num_jobs; j += gridDim.x) {
-    const int slices = (mats[jobs[j].matrix].cols + kSliceK - 1) / kSliceK;
-    for (int k = 0; k < slices; ++k, ++g) {
-      const int rs = g % L::kRawStages;
-      MbarWait(raw_full0 + 8 * rs, (g / L::kRawStages) & 1);
-      // Row `row` of the raw tile: 16 chunks of 4 floats, chunk q in box
-      // q / 8 at swizzled position (q % 8) ^ (row % 8).
-      const uint32_t raw_row = tiles + rs * L::kRawStageBytes + row * 128;
-      auto chunk = [&](int q) {
-        float4 v;
-        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                     : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                     : "r"(raw_row + (q / 8) * (L::kRawStageBytes / 2) +
-                           ((((q % 8) ^ (row % 8))) << 4)));
-        return v;
-      };
-      uint32_t mx = 0;
+  mx = __reduce_max_sync(0xffffffffu, mx);
+  if (lane == 0) red_max[tid / 32] = mx;
+  asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
 #pragma unroll
-      for (int q = 0; q < 16; ++q) {
-        const float4 v = chunk(q);
-        mx = max(mx, __float_as_uint(v.x) & 0x7fffffffu);
-        mx = max(mx, __float_as_uint(v.y) & 0x7fffffffu);
-        mx = max(mx, __float_as_uint(v.z) & 0x7fffffffu);
-        mx = max(mx, __float_as_uint(v.w) & 0x7fffffffu);
-      }
-      mx = __reduce_max_sync(0xffffffffu, mx);
-      uint32_t* slot = red_max + 4 * (g & 1);
-      if (lane == 0) slot[warp] = mx;
-      asm volatile("bar.sync 2, 128;" ::: "memory");
-      // Every thread has converted slice g - 1: refill its raw stage.
-      if (row == 0 && g > 0) load_next();
+  for (int w = 0; w < kConsumerWarps; ++w) mx = max(mx, red_max[w]);
+  // s = 2^(e - 127) with e = 268 - biased exponent of max |w|, in [64, 254].
+  int e = 268 - static_cast<int>(mx >> 23);
+  e = e < 64 ? 64 : (e > 254 ? 254 : e);
+  const float scale = __uint_as_float(static_cast<uint32_t>(e) << 23);
 #pragma unroll
-      for (int w = 0; w < 4; ++w) mx = max(mx, slot[w]);
-      // s = 2^(e - 127) with e = 268 - biased exponent of max |w|, in [64, 254].
-      int e = 268 - static_cast<int>(mx >> 23);
-      e = e < 64 ? 64 : (e > 254 ? 254 : e);
-      const float scale = __uint_as_float(static_cast<uint32_t>(e) << 23);
-      const int os = g % L::kStages;
-      MbarWait(empty0 + 8 * os, ((g / L::kStages) & 1) ^ 1);
-      const uint32_t hi = tiles + L::kOperandOffset + os * L::kStageBytes + row * 128;
-      const uint32_t lo = hi + kHalfTileBytes;
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {  // 8 k-elements: raw chunks 2q, 2q + 1
-        const float4 a = chunk(2 * q), b = chunk(2 * q + 1);
-        const float x[8] = {a.x * scale, a.y * scale, a.z * scale, a.w * scale,
-                            b.x * scale, b.y * scale, b.z * scale, b.w * scale};
-        uint32_t h[4], l[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const __half2 hh = __floats2half2_rn(x[2 * i], x[2 * i + 1]);
-          const float2 back = __half22float2(hh);
-          // 2 lo: x - hi is exact in f32; doubling it is exact.
-          const __half2 ll = __floats2half2_rn(2.0f * (x[2 * i] - back.x),
-                                               2.0f * (x[2 * i + 1] - back.y));
-          h[i] = *reinterpret_cast<const uint32_t*>(&hh);
-          l[i] = *reinterpret_cast<const uint32_t*>(&ll);
-        }
-        const uint32_t at = ((q ^ (row % 8)) << 4);
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(hi + at), "r"(h[0]),
-                     "r"(h[1]), "r"(h[2]), "r"(h[3])
-                     : "memory");
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(lo + at), "r"(l[0]),
-                     "r"(l[1]), "r"(l[2]), "r"(l[3])
-                     : "memory");
-      }
-      if (row == 0) inv[os] = ldexpf(1.0f, 254 - 2 * e);  // s^-2, <= 2^126
-      // The tensor cores read these tiles through the async proxy.
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      MbarArrive(full0 + 8 * os);
-    }
+  for (int q = 0; q < kTasks; ++q) {
+    const int t = tid + 128 * kConsumers * q;
+    const int row = t / 16, h = t % 16;
+    const float x[4] = {v[q].x * scale, v[q].y * scale, v[q].z * scale, v[q].w * scale};
+    __half2 h01 = __floats2half2_rn(x[0], x[1]), h23 = __floats2half2_rn(x[2], x[3]);
+    const float2 b01 = __half22float2(h01), b23 = __half22float2(h23);
+    // 2 lo: x - hi is exact in f32; doubling it is exact.
+    __half2 l01 = __floats2half2_rn(2.0f * (x[0] - b01.x), 2.0f * (x[1] - b01.y));
+    __half2 l23 = __floats2half2_rn(2.0f * (x[2] - b23.x), 2.0f * (x[3] - b23.y));
+    // 16-byte chunk h / 2 of the row, swizzled with row % 8; this half of it.
+    const uint32_t at = row * 128 + (((h / 2) ^ (row % 8)) << 4) + (h % 2) * 8;
+    asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(hi + at),
+                 "r"(*reinterpret_cast<uint32_t*>(&h01)), "r"(*reinterpret_cast<uint32_t*>(&h23))
+                 : "memory");
+    asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(lo + at),
+                 "r"(*reinterpret_cast<uint32_t*>(&l01)), "r"(*reinterpret_cast<uint32_t*>(&l23))
+                 : "memory");
   }
+  // The tensor cores read these tiles through the async proxy.
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  return ldexpf(1.0f, 254 - 2 * e);
 }
 
 #endif  // RVD_FUSED_V4_DEVICE
@@ -499,36 +436,31 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* const base = smem_raw + (tiles - raw);
   const uint32_t full0 = tiles + L::kBarrierOffset;  // full[s] at full0 + 8 s
   const uint32_t empty0 = full0 + L::kStages * 8;    // empty[s]
-  const uint32_t raw_full0 = empty0 + L::kStages * 8;  // f32: raw_full[s]
-  float* const inv = reinterpret_cast<float*>(base + L::kInvOffset);  // f32: s^-2 per stage
   double* const red = reinterpret_cast<double*>(base + L::kReduceOffset);
   uint32_t* const red_max = reinterpret_cast<uint32_t*>(red + 2 * kConsumerWarps * 3);
 
-  const int warp = threadIdx.x / 32;  // MMA 0 .. 7, helper 8 .. 11
+  const int warp = threadIdx.x / 32;  // consumers 0 .. 7, producer 8 .. 11
   const int lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < L::kStages; ++s) {
-      MbarInit(full0 + 8 * s, L::kF32 ? 128 : 1);  // f32: every converter thread
+      MbarInit(full0 + 8 * s, 1);
       MbarInit(empty0 + 8 * s, kConsumerWarps);
     }
-    for (int s = 0; s < L::kRawStages; ++s) MbarInit(raw_full0 + 8 * s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
 
   if (warp >= kConsumerWarps) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(L::kHelperRegs));
-    if constexpr (L::kF32) {
-      ConvertSlices(maps, mats, jobs, num_jobs, tiles, full0, empty0, raw_full0, inv, red_max);
-    } else if (warp == kConsumerWarps && lane == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
+    if (warp == kConsumerWarps && lane == 0) {
       ProduceSlices<T>(maps, mats, jobs, num_jobs, tiles, full0, empty0);
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(L::kMmaRegs));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
 
-  // MMA warpgroups. The operand ring is walked twice in the same order:
-  // `next` issues the next full stage, `done` frees.
+  // Consumers. The ring is walked twice in the same order: `next` issues
+  // (16-bit) or converts (f32) the next full stage, `done` frees.
   const int c = warp / 4;
   int next = 0, done = 0;
   uint32_t next_phase = 0;
@@ -542,70 +474,92 @@ __global__ void __launch_bounds__(kThreads, 1)
     float sum[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) sum[i] = 0.0f;
-    // Issues the next stage's slice into `part` (chained wgmma from zero):
-    // 16-bit, A and B tiles as loaded; f32, hi hi^T + hi (2 lo)^T from the
-    // converted tiles. `scale`: what retire multiplies the slice by.
-    auto issue = [&](float (&part)[64], float& scale) {
-      MbarWait(full0 + 8 * next, next_phase);
-      const uint32_t stage = tiles + L::kOperandOffset + next * L::kStageBytes;
-      const uint32_t a = stage + c * 64 * 128;
-      const uint32_t b = L::kF32 || diag ? stage : stage + L::kTileBytes;
-      const uint32_t lo = stage + kHalfTileBytes;  // f32 only
-      if constexpr (L::kF32) scale = inv[next];
-      using MmaT = std::conditional_t<L::kF32, __half, T>;
-      FenceAccumulators(part);
-      WgmmaFence();
-      WgmmaM64N128K16<MmaT, true>(part, SwizzledDesc(a), SwizzledDesc(b));
-      if constexpr (L::kF32) {
-        WgmmaM64N128K16<MmaT, false>(part, SwizzledDesc(a), SwizzledDesc(lo));
-      }
-#pragma unroll
-      for (int kk = 1; kk < kSliceK / 16; ++kk) {
-        const int kb = kMutant && kk == kSliceK / 16 - 1 ? 0 : kk;
-        WgmmaM64N128K16<MmaT, false>(part, SwizzledDesc(a + 32 * kk),
-                                     SwizzledDesc(b + 32 * kb));
-        if constexpr (L::kF32) {
-          WgmmaM64N128K16<MmaT, false>(part, SwizzledDesc(a + 32 * kk),
-                                       SwizzledDesc(lo + 32 * kb));
-        }
-      }
-      WgmmaCommit();
+    auto advance = [&] {
       if (++next == L::kStages) {
         next = 0;
         next_phase ^= 1;
       }
     };
-    // Frees a finished slice's stage and adds the slice into the sums.
-    auto retire = [&](float (&part)[64], float scale) {
-      FenceAccumulators(part);
+    auto free_stage = [&] {
       if (lane == 0) MbarArrive(empty0 + 8 * done);
       if (++done == L::kStages) done = 0;
+    };
+    // Issues the next slice into `part` (chained wgmma from zero) from the
+    // operand tiles at a_tile / b_tile (and, f32, their lo halves at +lo).
+    auto mma = [&](float (&part)[64], uint32_t a_tile, uint32_t b_tile, uint32_t lo) {
+      const uint32_t a = a_tile + c * 64 * 128;
+      FenceAccumulators(part);
+      WgmmaFence();
+      using MmaT = std::conditional_t<L::kF32, __half, T>;
+      WgmmaM64N128K16<MmaT, true>(part, SwizzledDesc(a), SwizzledDesc(b_tile));
+      if constexpr (L::kF32) {  // hi hi^T + hi (2 lo)^T
+        WgmmaM64N128K16<MmaT, false>(part, SwizzledDesc(a), SwizzledDesc(b_tile + lo));
+      }
 #pragma unroll
-      for (int i = 0; i < 64; ++i) {
-        sum[i] = L::kF32 ? __fmaf_rn(part[i], scale, sum[i]) : __fadd_rn(sum[i], part[i]);
+      for (int kk = 1; kk < kSliceK / 16; ++kk) {
+        const int kb = kMutant && kk == kSliceK / 16 - 1 ? 0 : kk;
+        WgmmaM64N128K16<MmaT, false>(part, SwizzledDesc(a + 32 * kk),
+                                     SwizzledDesc(b_tile + 32 * kb));
+        if constexpr (L::kF32) {
+          WgmmaM64N128K16<MmaT, false>(part, SwizzledDesc(a + 32 * kk),
+                                       SwizzledDesc(b_tile + lo + 32 * kb));
+        }
+      }
+      WgmmaCommit();
+    };
+    // 16-bit: the stage itself holds the operands.
+    // f32: convert the stage into hi/lo set `set`, free the stage, then
+    // wait until every consumer has written its part of the set.
+    float inv0 = 1.0f, inv1 = 1.0f;  // f32: s^-2 of the slice in part0 / part1
+    auto issue = [&](float (&part)[64], float& inv, int set) {
+      MbarWait(full0 + 8 * next, next_phase);
+      const uint32_t a_tile = tiles + next * L::kStageBytes;
+      if constexpr (L::kF32) {
+        const uint32_t hi = tiles + L::kConvOffset + set * 2 * kHalfTileBytes;
+        inv = ConvertTile(reinterpret_cast<const float*>(base + (a_tile - tiles)), hi,
+                          hi + kHalfTileBytes, red_max);
+        free_stage();
+        advance();
+        asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
+        mma(part, hi, hi, kHalfTileBytes);
+      } else {
+        mma(part, a_tile, diag ? a_tile : a_tile + L::kTileBytes, 0);
+        advance();
       }
     };
-    float scale0 = 1.0f, scale1 = 1.0f;
-    // part0 holds the oldest slice in flight at the top of the loop.
-    issue(part0, scale0);
+    // Adds a finished slice into the sums (and, 16-bit, frees its stage).
+    auto retire = [&](float (&part)[64], float inv) {
+      FenceAccumulators(part);
+      if constexpr (L::kF32) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) sum[i] = __fmaf_rn(part[i], inv, sum[i]);
+      } else {
+        free_stage();
+#pragma unroll
+        for (int i = 0; i < 64; ++i) sum[i] = __fadd_rn(sum[i], part[i]);
+      }
+    };
+    // part0 holds the oldest slice in flight at the top of the loop; f32
+    // converts slice k + 1 while slice k's wgmma run.
+    issue(part0, inv0, 0);
     int k = 0;
     for (; k + 2 < slices; k += 2) {
-      issue(part1, scale1);
+      issue(part1, inv1, 1);
       WgmmaWait<1>();
-      retire(part0, scale0);
-      issue(part0, scale0);
+      retire(part0, inv0);
+      issue(part0, inv0, 0);
       WgmmaWait<1>();
-      retire(part1, scale1);
+      retire(part1, inv1);
     }
     if (k + 1 < slices) {
-      issue(part1, scale1);
+      issue(part1, inv1, 1);
       WgmmaWait<1>();
-      retire(part0, scale0);
+      retire(part0, inv0);
       WgmmaWait<0>();
-      retire(part1, scale1);
+      retire(part1, inv1);
     } else {
       WgmmaWait<0>();
-      retire(part0, scale0);
+      retire(part0, inv0);
     }
     ReduceJob(sum, diag, cols, j, red, parity, g2, trace, maxabs);
     parity ^= 1;
