@@ -33,6 +33,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -871,6 +872,15 @@ class CpuEngine : public Engine {
     return avx512_ ? kVersionAvx512 : kVersionOpenBlas;
   }
   std::string DefaultVariant() const override { return kDefaultVariant; }
+
+  // The algebraic variant's Gram paths (process-wide counters: one engine
+  // per daemon). Every path is listed, zeros included.
+  std::map<std::string, int64_t> ServedCounts() const override {
+    const CpuEngineCounters c = GetCpuEngineCounters();
+    return {{"algebraic/cpu-avx512", c.avx512_grams},
+            {"algebraic/openblas-ssyrk", c.openblas_grams},
+            {"algebraic/float64-fallback", c.float64_fallbacks}};
+  }
 
   absl::Status ComputePR(absl::Span<const MatrixView> batch,
                          const VariantSpec& variant,

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -72,6 +73,12 @@ class Engine {
   virtual absl::Status ComputePR(absl::Span<const MatrixView> batch,
                                  const VariantSpec& variant,
                                  absl::Span<double> out) = 0;
+
+  // Matrices served so far per code path ("variant/kernel", e.g.
+  // "fused/fused-v4-tma-wgmma-bt128s6" on CUDA, "algebraic/cpu-avx512" on
+  // CPU), cumulative: the proof of which kernel ran, for /metrics
+  // (rvd_engine_matrices_total) and the benchmarks.
+  virtual std::map<std::string, int64_t> ServedCounts() const = 0;
 };
 
 // The CPU engine on OpenBLAS. threads <= 0: one per core.

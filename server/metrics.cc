@@ -79,6 +79,12 @@ Metrics::Metrics(const MetricsOptions& options)
                          .Help("Requests that failed, by gRPC status code "
                                "name.")
                          .Register(*registry_)),
+      served_family_(prometheus::BuildCounter()
+                         .Name("rvd_engine_matrices_total")
+                         .Help("Matrices the engine has computed, by backend "
+                               "and code path (variant/kernel policy): which "
+                               "kernel served the measurements.")
+                         .Register(*registry_)),
       last_timestamp_family_(
           prometheus::BuildGauge()
               .Name("rvd_last_measurement_timestamp_seconds")
@@ -227,6 +233,21 @@ void Metrics::RecordMeasurement(const rvd::v1::Measurement& m) {
 
 void Metrics::AddIngestedBytes(uint64_t bytes) {
   ingested_bytes_.Increment(static_cast<double>(bytes));
+}
+
+void Metrics::RecordServed(const std::string& backend,
+                           const std::map<std::string, int64_t>& counts) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [path, n] : counts) {
+    ServedSeries& s = served_[{backend, path}];
+    if (s.counter == nullptr) {
+      s.counter = &served_family_.Add({{"backend", backend}, {"path", path}});
+    }
+    if (n > s.seen) {
+      s.counter->Increment(static_cast<double>(n - s.seen));
+      s.seen = n;
+    }
+  }
 }
 
 void Metrics::RecordError(const std::string& code) {

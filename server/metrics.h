@@ -70,6 +70,11 @@ class Metrics {
   void RecordMeasurement(const rvd::v1::Measurement& m);
   // rvd_ingested_bytes_total
   void AddIngestedBytes(uint64_t bytes);
+  // rvd_engine_matrices_total{backend, path}: the engine's cumulative
+  // matrices per code path (Engine::ServedCounts); counters advance by the
+  // growth since the last call.
+  void RecordServed(const std::string& backend,
+                    const std::map<std::string, int64_t>& counts);
   // rvd_errors_total{code}, code as the gRPC code name, e.g. INVALID_ARGUMENT.
   void RecordError(const std::string& code);
   // rvd_inflight_requests
@@ -102,6 +107,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& measurements_family_;
   prometheus::Family<prometheus::Histogram>& duration_family_;
   prometheus::Family<prometheus::Counter>& errors_family_;
+  prometheus::Family<prometheus::Counter>& served_family_;
   prometheus::Family<prometheus::Gauge>& last_timestamp_family_;
   prometheus::Family<prometheus::Gauge>* below_family_;  // null: threshold 0
 
@@ -119,6 +125,13 @@ class Metrics {
       ABSL_GUARDED_BY(mu_);
   // rvd_errors_total by code.
   std::map<std::string, prometheus::Counter*> errors_ ABSL_GUARDED_BY(mu_);
+  // rvd_engine_matrices_total by (backend, path), and the count it shows.
+  struct ServedSeries {
+    prometheus::Counter* counter = nullptr;
+    int64_t seen = 0;
+  };
+  std::map<std::pair<std::string, std::string>, ServedSeries> served_
+      ABSL_GUARDED_BY(mu_);
 };
 
 // Serves `registry` at http://address/metrics. Errors (bad address, port in

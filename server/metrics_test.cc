@@ -151,6 +151,21 @@ TEST(MetricsTest, RecordsMeasurementSamples) {
   }
 }
 
+// The engine's cumulative counts become counters that advance by growth:
+// reporting the same totals twice adds nothing.
+TEST(MetricsTest, ServedPathsFollowTheEngineTotals) {
+  Metrics metrics(Options(/*per_head=*/false, /*threshold=*/0));
+  metrics.RecordServed("cuda", {{"fused/fused-v4-x", 40}, {"fused/fused-v1-y", 0}});
+  metrics.RecordServed("cuda", {{"fused/fused-v4-x", 40}, {"fused/fused-v1-y", 0}});
+  metrics.RecordServed("cuda", {{"fused/fused-v4-x", 120}, {"fused/fused-v1-y", 3}});
+  const std::string text = Serialize(metrics);
+  const auto s = Samples(text);
+  EXPECT_EQ(s.at("rvd_engine_matrices_total{backend=\"cuda\",path=\"fused/fused-v4-x\"}"),
+            "120");
+  EXPECT_EQ(s.at("rvd_engine_matrices_total{backend=\"cuda\",path=\"fused/fused-v1-y\"}"), "3");
+  EXPECT_THAT(text, HasSubstr("# TYPE rvd_engine_matrices_total counter"));
+}
+
 TEST(MetricsTest, PerHeadSeriesOnlyWhenEnabled) {
   Metrics off(Options(false, 0));
   off.RecordMeasurement(MakeMeasurement("m", 1, 0.5));

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -85,12 +87,20 @@ absl::Status RvdService::Run(const MeasureHeader& header,
   m->set_receive_ms(response->receive_ms());
   if (absl::Status s = history_.Add(*m); !s.ok()) return s;
   metrics_.RecordMeasurement(*m);
+  // Which kernels have served (cumulative, non-zero paths): the log's and
+  // /metrics' proof of the path that ran.
+  const std::map<std::string, int64_t> served = engine_.ServedCounts();
+  metrics_.RecordServed(engine_.Backend(), served);
+  std::string served_text;
+  for (const auto& [path, n] : served) {
+    if (n > 0) absl::StrAppend(&served_text, served_text.empty() ? "" : ",", path, "=", n);
+  }
   spdlog::info(
       "measured model={} step={} rv={} layers={} variant={} backend={} "
-      "engine={} receive_ms={:.3f} elapsed_ms={:.3f}",
+      "engine={} receive_ms={:.3f} elapsed_ms={:.3f} served_total={}",
       m->model_id(), m->step(), m->has_rv() ? absl::StrCat(m->rv()) : "absent",
       m->layers_size(), m->variant(), m->backend(), m->engine_version(),
-      m->receive_ms(), m->elapsed_ms());
+      m->receive_ms(), m->elapsed_ms(), served_text);
   *response = *std::move(m);
   return absl::OkStatus();
 }

@@ -61,7 +61,7 @@ class CudaEngine : public Engine {
 
   // How many matrices each (variant, kernel version) has served, e.g.
   // {"fused/fused-v1-bt128w8s4": 480}. Proves which code path ran.
-  std::map<std::string, int64_t> ServedCounts() const;
+  std::map<std::string, int64_t> ServedCounts() const override;
 
   // Device bytes rvd holds now (buffers in the pools).
   uint64_t DeviceBytesHeld() const;

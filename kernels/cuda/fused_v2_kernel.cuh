@@ -556,10 +556,7 @@ enum ProbeFlags : int {
 // kChain: 0 = v2 (a fresh accumulator per MMA, per-slot branches in
 // diagonal-only launches, SliceMma otherwise); >= 1 = v3 (kChain k-steps per
 // fresh accumulator, RoleSliceMma for jobs inside the matrix).
-// kRowPass (v3 only, benchmark A/B): keep v2's row pass for ||W||_F^2 (as
-// device run 12) instead of the Gram's diagonal.
-template <typename T, bool kMutant, int kStages, int kChain, bool kProbe = false,
-          bool kRowPass = false>
+template <typename T, bool kMutant, int kStages, int kChain, bool kProbe = false>
 __global__ void __launch_bounds__(kThreads, 2)
     FusedV2Kernel(const MatrixDesc* __restrict__ mats,
                   const FusedJobV2* __restrict__ jobs, int stage_bytes,
@@ -661,7 +658,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   // row pass only takes max |w| (RowMax16). Overflow of those entries
   // (|w| > ~1e19) makes the trace Inf with a finite max: the finalize then
   // says "untrusted", as for any f32 overflow, and the engine falls back.
-  constexpr bool kTraceFromGram = kChain > 0 && !kTf32 && !kRowPass;
+  constexpr bool kTraceFromGram = kChain > 0 && !kTf32;
   double tsum = 0.0;
   float tmax = 0.0f;
   uint32_t tbits = 0;  // kTraceFromGram: RowMax16's two u16 lanes
@@ -878,9 +875,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-// kChain: the live policy's for T unless a benchmark asks for another
-// (0: v2's code).
-template <typename T, bool kMutant, int kChain = LiveChain<T>(), bool kRowPass = false>
+// kChain: the live policy's for T (0: v2's code).
+template <typename T, bool kMutant, int kChain = LiveChain<T>()>
 cudaError_t LaunchFusedV2T(const MatrixDesc* mats, const FusedJobV2* jobs,
                            int num_jobs, bool any_offdiagonal, double* g2,
                            double* trace, float* maxabs, cudaStream_t stream) {
@@ -888,8 +884,8 @@ cudaError_t LaunchFusedV2T(const MatrixDesc* mats, const FusedJobV2* jobs,
   const int stage_bytes = any_offdiagonal ? kABytes + kBBytes : kABytes;
   const int smem = (any_offdiagonal ? kStagesMixed : kStagesDiag) * stage_bytes;
   auto* kernel = any_offdiagonal
-                     ? FusedV2Kernel<T, kMutant, kStagesMixed, kChain, false, kRowPass>
-                     : FusedV2Kernel<T, kMutant, kStagesDiag, kChain, false, kRowPass>;
+                     ? FusedV2Kernel<T, kMutant, kStagesMixed, kChain>
+                     : FusedV2Kernel<T, kMutant, kStagesDiag, kChain>;
   // Above 48 KB needs the opt-in; and the whole carveout as shared memory so
   // that two blocks of 108 KB fit an SM. Cheap, per device: set every time.
   cudaError_t e = cudaFuncSetAttribute(
@@ -929,8 +925,7 @@ inline cudaError_t LaunchFusedV2ProbeBf16(const MatrixDesc* mats,
   return cudaGetLastError();
 }
 
-// kChain < 0: the live policy's chain per dtype.
-template <bool kMutant, int kChain = -1, bool kRowPass = false>
+template <bool kMutant>
 cudaError_t LaunchFusedV2Dispatch(DType dtype, const MatrixDesc* mats,
                                   const FusedJobV2* jobs, int num_jobs,
                                   bool any_offdiagonal, double* g2,
@@ -938,17 +933,14 @@ cudaError_t LaunchFusedV2Dispatch(DType dtype, const MatrixDesc* mats,
                                   cudaStream_t stream) {
   switch (dtype) {
     case DType::kF32:
-      return LaunchFusedV2T<float, kMutant, kChain < 0 ? LiveChain<float>() : kChain,
-                            kRowPass>(
-          mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, stream);
+      return LaunchFusedV2T<float, kMutant>(mats, jobs, num_jobs, any_offdiagonal, g2, trace,
+                                            maxabs, stream);
     case DType::kF16:
-      return LaunchFusedV2T<__half, kMutant, kChain < 0 ? LiveChain<__half>() : kChain,
-                            kRowPass>(
-          mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, stream);
+      return LaunchFusedV2T<__half, kMutant>(mats, jobs, num_jobs, any_offdiagonal, g2, trace,
+                                             maxabs, stream);
     case DType::kBF16:
-      return LaunchFusedV2T<__nv_bfloat16, kMutant,
-                            kChain < 0 ? LiveChain<__nv_bfloat16>() : kChain, kRowPass>(
-          mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, stream);
+      return LaunchFusedV2T<__nv_bfloat16, kMutant>(mats, jobs, num_jobs, any_offdiagonal, g2,
+                                                    trace, maxabs, stream);
   }
   return cudaErrorInvalidValue;
 }

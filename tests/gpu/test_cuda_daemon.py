@@ -66,6 +66,16 @@ def test_daemon_serves_with_the_cuda_module(tmp_path, backend):
         metrics = urllib.request.urlopen(
             f"http://{d.metrics_address}/metrics", timeout=5).read().decode()
         assert 'rvd_measurements_total{backend="cuda",model_id="gpu",variant="fused"} 2' in metrics
+        # The fused kernel that served: on sm_90 v4 takes these aligned bf16
+        # matrices, 2 fused measurements x (8 layers + 32 heads).
+        served = {l.split('path="')[1].split('"')[0]: float(l.split()[-1])
+                  for l in metrics.splitlines()
+                  if l.startswith('rvd_engine_matrices_total{backend="cuda"')}
+        fused = {p: n for p, n in served.items() if p.startswith("fused/")}
+        assert sum(fused.values()) == 80, served
+        if "sm90" in out["engine_version"]:
+            assert fused.get("fused/fused-v4-tma-wgmma-bt128s6") == 80, served
+        assert "served_total=" in d.log_text()
         assert 'backend="cuda"' in next(l for l in metrics.splitlines()
                                         if l.startswith("rvd_build_info"))
         assert "engine=cuda" in d.log_text()

@@ -340,6 +340,14 @@ def test_metrics_expose_rv_and_pass_promtool(daemon, tmp_path):
     assert 'rvd_participation_ratio{layer="3",model_id="prom"}' in text
     assert 'rvd_participation_ratio_head{' in text
     assert 'rvd_measurements_total{backend="cpu",model_id="prom",variant="algebraic"} 1' in text
+    # Which Gram path served: every CPU path listed, and this measurement's
+    # 4 layers + 8 heads among the fast ones (earlier tests add more).
+    served = {l.split('path="')[1].split('"')[0]: float(l.split()[-1])
+              for l in text.splitlines() if l.startswith('rvd_engine_matrices_total{backend="cpu"')}
+    assert set(served) == {"algebraic/cpu-avx512", "algebraic/openblas-ssyrk",
+                           "algebraic/float64-fallback"}
+    assert served["algebraic/cpu-avx512"] + served["algebraic/openblas-ssyrk"] >= 12
+    assert "served_total=algebraic/" in daemon.log_text()
     assert "rvd_measurement_duration_seconds_bucket" in text
     assert "rvd_build_info{" in text
     assert "rvd_ingested_bytes_total" in text
