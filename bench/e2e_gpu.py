@@ -2,7 +2,9 @@
 (32 layers of GQA v_proj, 8 kv heads x 128 x 4096, bf16: 256 head matrices,
 256 MiB) from rvctl through rvd with the CUDA backend. Splits the time into
 read (rvctl maps and checks the checkpoint), transfer (rvd receives the
-stream), engine (host-to-device copies and compute) and the rest.
+stream), engine (host-to-device copies and compute; split by the growth of
+rvd_engine_seconds_total{phase="h2d"|"compute"} in /metrics around each
+call) and the rest.
 
   python3 bench/e2e_gpu.py [--rounds 5] [--backend cuda]
 """
@@ -13,11 +15,24 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import urllib.request
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests" / "integration"))
 import numpy as np  # noqa: E402
 
 from rvdtest import RVCTL, Daemon, to_bf16, write_safetensors  # noqa: E402
+
+
+def phase_seconds(daemon):
+    """rvd_engine_seconds_total by phase, from the daemon's /metrics."""
+    text = urllib.request.urlopen(f"http://{daemon.metrics_address}/metrics",
+                                  timeout=5).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("rvd_engine_seconds_total{"):
+            phase = line.split('phase="')[1].split('"')[0]
+            out[phase] = float(line.split()[-1])
+    return out
 
 
 def main():
@@ -46,8 +61,12 @@ def main():
                "--model-id", "llama-7b-heads", "--per-head", "--json"]
         subprocess.run(cmd, capture_output=True, check=True)  # warm-up
         for _ in range(args.rounds):
+            before = phase_seconds(d)
             out = json.loads(subprocess.run(cmd, capture_output=True, text=True,
                                             check=True).stdout)
+            after = phase_seconds(d)
+            for phase in ("h2d", "compute"):
+                out[f"{phase}_ms"] = 1e3 * (after.get(phase, 0.0) - before.get(phase, 0.0))
             rows.append(out)
     finally:
         d.stop()
@@ -56,17 +75,20 @@ def main():
         return statistics.median(r[key] for r in rows)
     read, total = med("client_load_ms"), med("client_round_trip_ms")
     receive, engine = med("receive_ms"), med("elapsed_ms")
+    h2d, compute = med("h2d_ms"), med("compute_ms")
     nbytes = args.layers * 1024 * 4096 * 2
     print(json.dumps({"rounds": args.rounds, "bytes": nbytes, "backend": rows[0]["backend"],
                       "variant": rows[0]["variant"], "engine_version": rows[0]["engine_version"],
                       "read_ms": read, "transfer_ms": receive, "engine_ms": engine,
+                      "h2d_ms": h2d, "compute_ms": compute,
                       "round_trip_ms": total, "other_ms": total - receive - engine,
                       "engine_ms_all": [r["elapsed_ms"] for r in rows],
                       "round_trip_ms_all": [r["client_round_trip_ms"] for r in rows]}))
     print(f"{nbytes / 2**20:.0f} MiB, {args.layers} layers + {args.layers * 8} heads, "
           f"{rows[0]['backend']}/{rows[0]['variant']} ({rows[0]['engine_version']})")
     print(f"read {read:.1f} ms | transfer {receive:.1f} ms ({nbytes / receive / 1e6:.2f} GB/s) | "
-          f"engine (H2D + compute) {engine:.2f} ms | round trip {total:.1f} ms")
+          f"engine {engine:.2f} ms (H2D {h2d:.2f} + compute {compute:.2f}) | "
+          f"round trip {total:.1f} ms")
 
 
 if __name__ == "__main__":

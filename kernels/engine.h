@@ -79,6 +79,12 @@ class Engine {
   // CPU), cumulative: the proof of which kernel ran, for /metrics
   // (rvd_engine_matrices_total) and the benchmarks.
   virtual std::map<std::string, int64_t> ServedCounts() const = 0;
+
+  // Seconds spent so far per phase of ComputePR, cumulative, for /metrics
+  // (rvd_engine_seconds_total). CUDA: "h2d" (device time of host-to-device
+  // copies) and "compute" (the rest of the calls' wall time: kernels,
+  // planning, results). Backends without phases return none.
+  virtual std::map<std::string, double> PhaseSeconds() const { return {}; }
 };
 
 // The CPU engine on OpenBLAS. threads <= 0: one per core.

@@ -85,6 +85,12 @@ Metrics::Metrics(const MetricsOptions& options)
                                "and code path (variant/kernel policy): which "
                                "kernel served the measurements.")
                          .Register(*registry_)),
+      phase_family_(prometheus::BuildCounter()
+                        .Name("rvd_engine_seconds_total")
+                        .Help("Engine time by backend and phase: h2d (device "
+                              "time of host-to-device copies), compute (the "
+                              "rest of the engine calls).")
+                        .Register(*registry_)),
       last_timestamp_family_(
           prometheus::BuildGauge()
               .Name("rvd_last_measurement_timestamp_seconds")
@@ -246,6 +252,21 @@ void Metrics::RecordServed(const std::string& backend,
     if (n > s.seen) {
       s.counter->Increment(static_cast<double>(n - s.seen));
       s.seen = n;
+    }
+  }
+}
+
+void Metrics::RecordPhases(const std::string& backend,
+                           const std::map<std::string, double>& seconds) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [phase, t] : seconds) {
+    PhaseSeries& s = phases_[{backend, phase}];
+    if (s.counter == nullptr) {
+      s.counter = &phase_family_.Add({{"backend", backend}, {"phase", phase}});
+    }
+    if (t > s.seen) {
+      s.counter->Increment(t - s.seen);
+      s.seen = t;
     }
   }
 }

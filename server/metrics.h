@@ -75,6 +75,10 @@ class Metrics {
   // growth since the last call.
   void RecordServed(const std::string& backend,
                     const std::map<std::string, int64_t>& counts);
+  // rvd_engine_seconds_total{backend, phase}: the engine's cumulative time
+  // per phase (Engine::PhaseSeconds), advanced by growth likewise.
+  void RecordPhases(const std::string& backend,
+                    const std::map<std::string, double>& seconds);
   // rvd_errors_total{code}, code as the gRPC code name, e.g. INVALID_ARGUMENT.
   void RecordError(const std::string& code);
   // rvd_inflight_requests
@@ -108,6 +112,7 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>& duration_family_;
   prometheus::Family<prometheus::Counter>& errors_family_;
   prometheus::Family<prometheus::Counter>& served_family_;
+  prometheus::Family<prometheus::Counter>& phase_family_;
   prometheus::Family<prometheus::Gauge>& last_timestamp_family_;
   prometheus::Family<prometheus::Gauge>* below_family_;  // null: threshold 0
 
@@ -131,6 +136,13 @@ class Metrics {
     int64_t seen = 0;
   };
   std::map<std::pair<std::string, std::string>, ServedSeries> served_
+      ABSL_GUARDED_BY(mu_);
+  // rvd_engine_seconds_total by (backend, phase), and the seconds it shows.
+  struct PhaseSeries {
+    prometheus::Counter* counter = nullptr;
+    double seen = 0.0;
+  };
+  std::map<std::pair<std::string, std::string>, PhaseSeries> phases_
       ABSL_GUARDED_BY(mu_);
 };
 

@@ -164,6 +164,12 @@ TEST(MetricsTest, ServedPathsFollowTheEngineTotals) {
             "120");
   EXPECT_EQ(s.at("rvd_engine_matrices_total{backend=\"cuda\",path=\"fused/fused-v1-y\"}"), "3");
   EXPECT_THAT(text, HasSubstr("# TYPE rvd_engine_matrices_total counter"));
+  // Phase seconds likewise.
+  metrics.RecordPhases("cuda", {{"h2d", 0.5}, {"compute", 0.25}});
+  metrics.RecordPhases("cuda", {{"h2d", 0.75}, {"compute", 0.25}});
+  const auto p = Samples(Serialize(metrics));
+  EXPECT_EQ(p.at("rvd_engine_seconds_total{backend=\"cuda\",phase=\"h2d\"}"), "0.75");
+  EXPECT_EQ(p.at("rvd_engine_seconds_total{backend=\"cuda\",phase=\"compute\"}"), "0.25");
 }
 
 TEST(MetricsTest, PerHeadSeriesOnlyWhenEnabled) {

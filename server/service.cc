@@ -91,6 +91,7 @@ absl::Status RvdService::Run(const MeasureHeader& header,
   // /metrics' proof of the path that ran.
   const std::map<std::string, int64_t> served = engine_.ServedCounts();
   metrics_.RecordServed(engine_.Backend(), served);
+  metrics_.RecordPhases(engine_.Backend(), engine_.PhaseSeconds());
   std::string served_text;
   for (const auto& [path, n] : served) {
     if (n > 0) absl::StrAppend(&served_text, served_text.empty() ? "" : ",", path, "=", n);

@@ -34,6 +34,7 @@
 #include <cusolverDn.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -78,6 +79,10 @@ struct Context {
   PinnedBuffer staging;  // host inputs, packed
   PinnedBuffer up;       // descriptors on their way to the device
   PinnedBuffer down;     // results on their way back
+  // Events around this context's latest host-to-device copies (created on
+  // first use); copy_recorded until their time is taken.
+  cudaEvent_t copy_begin = nullptr, copy_end = nullptr;
+  bool copy_recorded = false;
   // What the last enqueued chunk left in `down`, for Collect.
   size_t pending = 0;    // matrices; 0 when nothing is pending
   size_t first = 0;      // batch index of the chunk's first matrix
@@ -116,6 +121,26 @@ struct Context {
     return absl::OkStatus();
   }
 
+  absl::Status RecordCopy(bool begin) {
+    if (copy_begin == nullptr) {
+      RVD_CUDA_RETURN_IF_ERROR(cudaEventCreate(&copy_begin));
+      RVD_CUDA_RETURN_IF_ERROR(cudaEventCreate(&copy_end));
+    }
+    RVD_CUDA_RETURN_IF_ERROR(cudaEventRecord(begin ? copy_begin : copy_end, stream));
+    copy_recorded = !begin;
+    return absl::OkStatus();
+  }
+
+  // After the stream is synchronized: adds the recorded copies' time.
+  void TakeCopyTime() {
+    if (!copy_recorded) return;
+    copy_recorded = false;
+    float ms = 0.0f;
+    if (cudaEventElapsedTime(&ms, copy_begin, copy_end) == cudaSuccess) {
+      engine->AddCopyTime(ms);
+    }
+  }
+
   absl::Status Cublas() {
     if (cublas != nullptr) return absl::OkStatus();
     RVD_CUDA_RETURN_IF_ERROR(cublasCreate(&cublas));
@@ -146,6 +171,10 @@ struct Context {
     for (PinnedBuffer* b : {&staging, &up, &down}) {
       if (b->ptr != nullptr) cudaFreeHost(b->ptr);
       *b = PinnedBuffer{};
+    }
+    for (cudaEvent_t* e : {&copy_begin, &copy_end}) {
+      if (*e != nullptr) cudaEventDestroy(*e);
+      *e = nullptr;
     }
     if (stream != nullptr) cudaStreamDestroy(stream);
     stream = nullptr;
@@ -1100,6 +1129,21 @@ std::map<std::string, int64_t> CudaEngine::ServedCounts() const {
   return served_;
 }
 
+void CudaEngine::AddCallTime(double call_ms) {
+  absl::MutexLock lock(&mu_);
+  call_ms_ += call_ms;
+}
+
+void CudaEngine::AddCopyTime(double copy_ms) {
+  absl::MutexLock lock(&mu_);
+  copy_ms_ += copy_ms;
+}
+
+std::map<std::string, double> CudaEngine::PhaseSeconds() const {
+  absl::MutexLock lock(&mu_);
+  return {{"h2d", copy_ms_ / 1e3}, {"compute", std::max(0.0, call_ms_ - copy_ms_) / 1e3}};
+}
+
 namespace {
 
 absl::StatusOr<Kind> ParseVariant(const VariantSpec& v) {
@@ -1275,6 +1319,7 @@ absl::Status CudaEngine::ComputeShared(absl::Span<const MatrixView> batch,
       *used = false;
       return absl::OkStatus();
     }
+    status = ctx->RecordCopy(true);
     for (size_t k = 0; status.ok() && k < r.ranges.size(); ++k) {
       const SharedRanges::Range& range = r.ranges[k];
       status = cuda_internal::ToStatus(
@@ -1284,12 +1329,14 @@ absl::Status CudaEngine::ComputeShared(absl::Span<const MatrixView> batch,
               ctx->stream),
           "cudaMemcpyAsync(shared)", __FILE__, __LINE__);
     }
+    if (status.ok()) status = ctx->RecordCopy(false);
     if (!status.ok()) return status;
     std::vector<MatrixView> views(batch.begin(), batch.end());
     for (size_t i = 0; i < views.size(); ++i) {
       views[i].data = At<unsigned char>(ctx->shared.ptr, r.view_offset[i]);
     }
     status = EnqueueAndCollect(*ctx, runner, *kind, views, out);
+    ctx->TakeCopyTime();  // Collect synchronized the stream
   }
   if (status.ok()) Count(runner.Served(static_cast<int64_t>(batch.size())));
   return status;
@@ -1301,6 +1348,12 @@ absl::Status CudaEngine::ComputePR(absl::Span<const MatrixView> batch,
   absl::StatusOr<Kind> kind = CheckCall(batch, variant, out);
   if (!kind.ok()) return kind.status();
   if (batch.empty()) return absl::OkStatus();
+  const auto start = std::chrono::steady_clock::now();
+  auto timed = absl::MakeCleanup([&] {
+    AddCallTime(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                          start)
+                    .count());
+  });
   RVD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   bool shared = false;
   absl::Status shared_status = ComputeShared(batch, variant, out, &shared);
@@ -1333,6 +1386,7 @@ absl::Status CudaEngine::ComputePR(absl::Span<const MatrixView> batch,
         cudaStreamSynchronize(c->stream);  // buffers idle before reuse
         c->pending = 0;
       }
+      c->TakeCopyTime();
       Release(c);
     }
   });
@@ -1340,6 +1394,7 @@ absl::Status CudaEngine::ComputePR(absl::Span<const MatrixView> batch,
     Context& ctx = *ctxs[ci % ctxs.size()];
     status = runner.Collect(ctx, batch, out);  // syncs: staging is free
     if (!status.ok()) return status;
+    ctx.TakeCopyTime();
     const size_t b = bounds[ci], e = bounds[ci + 1];
     uint64_t total = 0;
     for (size_t i = b; i < e; ++i) total += sizes[i];
@@ -1364,9 +1419,13 @@ absl::Status CudaEngine::ComputePR(absl::Span<const MatrixView> batch,
                               v.cols, lds[i], v.dtype};
       off += sizes[i];
     }
-    status = cuda_internal::ToStatus(cudaMemcpyAsync(ctx.input.ptr, ctx.staging.ptr, total,
-                                      cudaMemcpyHostToDevice, ctx.stream),
-                      "cudaMemcpyAsync(input)", __FILE__, __LINE__);
+    status = ctx.RecordCopy(true);
+    if (status.ok()) {
+      status = cuda_internal::ToStatus(cudaMemcpyAsync(ctx.input.ptr, ctx.staging.ptr, total,
+                                                       cudaMemcpyHostToDevice, ctx.stream),
+                                       "cudaMemcpyAsync(input)", __FILE__, __LINE__);
+    }
+    if (status.ok()) status = ctx.RecordCopy(false);
     if (status.ok()) status = runner.Enqueue(ctx, dev, b);
     if (!status.ok()) return status;
   }

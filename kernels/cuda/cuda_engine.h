@@ -62,6 +62,7 @@ class CudaEngine : public Engine {
   // How many matrices each (variant, kernel version) has served, e.g.
   // {"fused/fused-v1-bt128w8s4": 480}. Proves which code path ran.
   std::map<std::string, int64_t> ServedCounts() const override;
+  std::map<std::string, double> PhaseSeconds() const override;
 
   // Device bytes rvd holds now (buffers in the pools).
   uint64_t DeviceBytesHeld() const;
@@ -93,6 +94,9 @@ class CudaEngine : public Engine {
 
   void Count(const std::string& key, int64_t n);
   void Count(const std::map<std::string, int64_t>& served);
+  // Adds a host call's wall time and the copy time its contexts measured.
+  void AddCallTime(double call_ms);
+  void AddCopyTime(double copy_ms);
 
   CudaEngineOptions options_;
   std::string version_;
@@ -104,6 +108,8 @@ class CudaEngine : public Engine {
   std::vector<Context*> free_ ABSL_GUARDED_BY(mu_);
   uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, int64_t> served_ ABSL_GUARDED_BY(mu_);
+  double call_ms_ ABSL_GUARDED_BY(mu_) = 0.0;  // ComputePR wall time
+  double copy_ms_ ABSL_GUARDED_BY(mu_) = 0.0;  // host-to-device copies
 };
 
 }  // namespace rvd::cuda
