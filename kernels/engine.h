@@ -85,6 +85,13 @@ class Engine {
   // copies) and "compute" (the rest of the calls' wall time: kernels,
   // planning, results). Backends without phases return none.
   virtual std::map<std::string, double> PhaseSeconds() const { return {}; }
+
+  // Host memory this engine copies from fastest, for the daemon's pooled
+  // receive buffers (CUDA: page-locked); nullptr when it has none or the
+  // allocation fails (ordinary memory serves then). Release with
+  // FreeHostBuffer, before the engine is destroyed.
+  virtual void* AllocateHostBuffer(uint64_t /*bytes*/) { return nullptr; }
+  virtual void FreeHostBuffer(void* /*p*/) {}
 };
 
 // The CPU engine on OpenBLAS. threads <= 0: one per core.

@@ -2,12 +2,16 @@
 // allocation is mmap'ed by malloc and every page faults on first touch,
 // which cost more than the copy itself (measured: most of rvd's CPU time
 // for a 128 MB stream). Buffers returned here keep their pages mapped for
-// the next request, up to `max_idle_bytes` in total. Thread-safe.
+// the next request, up to `max_idle_bytes` in total. With an engine's
+// allocator (CUDA: page-locked memory, which the GPU copies from several
+// times faster than from pageable memory) the buffers come from the engine;
+// an allocation it refuses falls back to ordinary memory. Thread-safe.
 #ifndef RVD_SERVER_BUFFER_POOL_H_
 #define RVD_SERVER_BUFFER_POOL_H_
 
 #include <cstdint>
-#include <memory>
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -15,31 +19,51 @@
 
 namespace rvd {
 
+// Where pool memory comes from when not from new[]: `allocate` may return
+// nullptr (then new[] serves); `free` releases what `allocate` returned.
+struct HostAllocator {
+  std::function<void*(uint64_t)> allocate;
+  std::function<void(void*)> free;
+};
+
 class BufferPool {
  public:
   // A buffer of at least `size` bytes; goes back to its pool when destroyed.
   class Buffer {
    public:
-    Buffer(Buffer&&) = default;
+    Buffer(Buffer&& o) noexcept : pool_(o.pool_), block_(o.block_) { o.block_ = {}; }
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+    Buffer& operator=(Buffer&&) = delete;
     ~Buffer() {
-      if (pool_ != nullptr && bytes_ != nullptr) {
-        pool_->Return(std::move(bytes_), capacity_);
-      }
+      if (block_.data != nullptr) pool_->Return(block_);
     }
-    char* data() { return bytes_.get(); }
-    const char* data() const { return bytes_.get(); }
+    char* data() { return block_.data; }
+    const char* data() const { return block_.data; }
+    // Whether the engine's allocator provided it (e.g. page-locked).
+    bool from_allocator() const { return block_.from_allocator; }
 
    private:
     friend class BufferPool;
-    Buffer(BufferPool* pool, std::unique_ptr<char[]> bytes, uint64_t capacity)
-        : pool_(pool), bytes_(std::move(bytes)), capacity_(capacity) {}
+    struct Block {
+      char* data = nullptr;
+      uint64_t capacity = 0;  // bytes allocated
+      bool from_allocator = false;
+    };
+    Buffer(BufferPool* pool, Block block) : pool_(pool), block_(block) {}
     BufferPool* pool_;
-    std::unique_ptr<char[]> bytes_;
-    uint64_t capacity_;  // bytes allocated
+    Block block_;
   };
 
-  explicit BufferPool(uint64_t max_idle_bytes)
-      : max_idle_bytes_(max_idle_bytes) {}
+  explicit BufferPool(uint64_t max_idle_bytes, HostAllocator allocator = {})
+      : max_idle_bytes_(max_idle_bytes), allocator_(std::move(allocator)) {}
+
+  BufferPool(const BufferPool&) = delete;
+  BufferPool& operator=(const BufferPool&) = delete;
+
+  ~BufferPool() {
+    for (const Block& b : idle_) Free(b);
+  }
 
   // The smallest idle buffer that fits, else a new one (not zeroed).
   Buffer Get(uint64_t size) {
@@ -53,13 +77,19 @@ class BufferPool {
         }
       }
       if (best >= 0) {
-        Idle idle = std::move(idle_[best]);
+        const Block block = idle_[best];
         idle_.erase(idle_.begin() + best);
-        idle_bytes_ -= idle.capacity;
-        return Buffer(this, std::move(idle.bytes), idle.capacity);
+        idle_bytes_ -= block.capacity;
+        return Buffer(this, block);
       }
     }
-    return Buffer(this, std::unique_ptr<char[]>(new char[size]), size);
+    Block block{nullptr, size, false};
+    if (allocator_.allocate) {
+      block.data = static_cast<char*>(allocator_.allocate(size));
+      block.from_allocator = block.data != nullptr;
+    }
+    if (block.data == nullptr) block.data = new char[size];
+    return Buffer(this, block);
   }
 
   uint64_t idle_bytes() const {
@@ -68,31 +98,45 @@ class BufferPool {
   }
 
  private:
-  struct Idle {
-    std::unique_ptr<char[]> bytes;
-    uint64_t capacity;
-  };
+  using Block = Buffer::Block;
 
-  // Keeps the buffer unless that would exceed max_idle_bytes_; then frees
-  // the smallest idle buffers first, since large ones save the most faults.
-  void Return(std::unique_ptr<char[]> bytes, uint64_t capacity) {
-    absl::MutexLock lock(&mu_);
-    if (capacity > max_idle_bytes_) return;  // freed here
-    idle_.push_back({std::move(bytes), capacity});
-    idle_bytes_ += capacity;
-    while (idle_bytes_ > max_idle_bytes_) {
-      auto smallest = idle_.begin();
-      for (auto it = idle_.begin(); it != idle_.end(); ++it) {
-        if (it->capacity < smallest->capacity) smallest = it;
-      }
-      idle_bytes_ -= smallest->capacity;
-      idle_.erase(smallest);
+  void Free(const Block& b) {
+    if (b.from_allocator) {
+      allocator_.free(b.data);
+    } else {
+      delete[] b.data;
     }
   }
 
+  // Keeps the buffer unless that would exceed max_idle_bytes_; then frees
+  // the smallest idle buffers first, since large ones save the most faults.
+  void Return(const Block& block) {
+    std::vector<Block> freed;
+    {
+      absl::MutexLock lock(&mu_);
+      if (block.capacity > max_idle_bytes_) {
+        freed.push_back(block);
+      } else {
+        idle_.push_back(block);
+        idle_bytes_ += block.capacity;
+        while (idle_bytes_ > max_idle_bytes_) {
+          auto smallest = idle_.begin();
+          for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+            if (it->capacity < smallest->capacity) smallest = it;
+          }
+          idle_bytes_ -= smallest->capacity;
+          freed.push_back(*smallest);
+          idle_.erase(smallest);
+        }
+      }
+    }
+    for (const Block& b : freed) Free(b);  // outside the lock: may be slow
+  }
+
   const uint64_t max_idle_bytes_;
+  const HostAllocator allocator_;
   mutable absl::Mutex mu_;
-  std::vector<Idle> idle_ ABSL_GUARDED_BY(mu_);
+  std::vector<Block> idle_ ABSL_GUARDED_BY(mu_);
   uint64_t idle_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -60,8 +60,9 @@ RvdService::RvdService(Engine& engine, ComputePool& pool, History& history,
       history_(history),
       metrics_(metrics),
       limits_(limits),
-      buffers_(
-          std::min<uint64_t>(limits.max_request_bytes, kMaxIdleBufferBytes)) {}
+      buffers_(std::min<uint64_t>(limits.max_request_bytes, kMaxIdleBufferBytes),
+               HostAllocator{[&engine](uint64_t n) { return engine.AllocateHostBuffer(n); },
+                             [&engine](void* p) { engine.FreeHostBuffer(p); }}) {}
 
 void RvdService::StopWatches() {
   stopping_ = true;

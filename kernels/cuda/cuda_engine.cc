@@ -1139,6 +1139,18 @@ void CudaEngine::AddCopyTime(double copy_ms) {
   copy_ms_ += copy_ms;
 }
 
+void* CudaEngine::AllocateHostBuffer(uint64_t bytes) {
+  void* p = nullptr;
+  if (cudaSetDevice(options_.device) != cudaSuccess ||
+      cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
+    cudaGetLastError();  // not sticky; the caller falls back to pageable memory
+    return nullptr;
+  }
+  return p;
+}
+
+void CudaEngine::FreeHostBuffer(void* p) { cudaFreeHost(p); }
+
 std::map<std::string, double> CudaEngine::PhaseSeconds() const {
   absl::MutexLock lock(&mu_);
   return {{"h2d", copy_ms_ / 1e3}, {"compute", std::max(0.0, call_ms_ - copy_ms_) / 1e3}};
