@@ -1,16 +1,19 @@
 // The fused PR kernel, version 4 (private to kernels/cuda/): Hopper's tensor
-// copy engine (TMA) and warpgroup MMAs (wgmma), for wide bf16/f16 W whose
-// rows start on 16-byte boundaries. sm_90a only (wgmma): the translation
-// units that include this file are compiled for sm_90a alone, and the engine
-// launches v4 only on compute capability 9.0.
+// copy engine (TMA) and warpgroup MMAs (wgmma), for wide W whose rows start
+// on 16-byte boundaries: bf16/f16 of any size, f32 with a Gram side <= 128
+// (see ConvertTile). sm_90a only (wgmma): the translation units that
+// include this file are compiled for sm_90a alone, and the engine launches
+// v4 only on compute capability 9.0.
 //
 // Why a new kernel: v2/v3 (mma.sync fed by cp.async) were issue-bound on the
 // H200 (NOTES.md: loads alone 0.24 ms, MMAs alone 0.18 ms for 480 x
 // 128x4096 bf16, against a 0.12 ms floor). Here one thread issues all loads
 // (one TMA copy per 128 x 64 tile) and each warpgroup issues 4 wgmma per
 // 64-wide K-slice instead of ~40 mma.sync per warp.
-// H200 (NOTES.md, fused v4): 480 x 128x4096 bf16 0.357 (v3) -> 0.157 ms
-// with one accumulator set, -> (see NOTES) with two.
+// H200 (NOTES.md, fused v4; kernel + finalize, v3 -> v4): 480 x 128x4096
+// bf16 0.36 -> 0.136-0.139 ms (floor 0.119), f32 1.73 -> 0.37-0.39 (floor
+// 0.238), 256 x 128x4096 bf16 0.19 -> 0.075-0.078, 32 x 1024x4096 bf16
+// 0.95 -> 0.25-0.28.
 //
 // Work split. A job is a 128 x 128 tile (row0, col0) of one Gram, col0 >=
 // row0 (launch_policy.h, FusedJobV2 with col_tile 128). A diagonal job
@@ -58,6 +61,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch_policy.h"
 
 namespace rvd::cuda::fused_v4 {
 
@@ -94,6 +98,17 @@ struct Layout {
 constexpr int kLaunchRegs = 168, kProducerRegs = 40, kConsumerRegs = 232;
 static_assert(2 * (kConsumerRegs - kLaunchRegs) == kLaunchRegs - kProducerRegs,
               "register budget");
+
+// The launch policy as data (launch_policy.h) and this code agree.
+constexpr LaunchPolicy kPolicy = kFusedPolicyV4Sm90;
+static_assert(kPolicy.block_tile == kTile && kPolicy.col_tile == kTile);
+static_assert(kPolicy.warps * 32 == kThreads && kPolicy.warp_tile == 64);
+static_assert(kPolicy.k_slice_bytes == kSliceK * 2);
+static_assert(kPolicy.stages == Layout<__nv_bfloat16>::kStages &&
+              kPolicy.stages_offdiag == Layout<__nv_bfloat16>::kStages);
+static_assert(kPolicy.chain_ksteps == kSliceK / 16 && kPolicy.chain_ksteps_f32 == kSliceK / 16);
+static_assert(kPolicy.f32_split == 2);  // hi hi^T + hi (2 lo)^T
+static_assert(kPolicy.blocks_per_sm == 1);
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define RVD_FUSED_V4_DEVICE 1

@@ -121,16 +121,22 @@ inline constexpr LaunchPolicy kFusedPolicyV2Sm90{
 inline constexpr LaunchPolicy kFusedPolicyV3Sm90{
     "fused-v3-bt128x64w8s6b2c4", 128, 8, 16, 128, 6, 3, 64, 2, 4, 4, 0};
 
-// v4 (fused_v4_kernel.cuh; live for wide bf16/f16 W with 16-byte aligned
-// rows on compute capability 9.0): TMA copies into a 6-stage ring of
-// 128 x 64 tiles (32 KB per stage: two operands for an off-diagonal job),
+// v4 (fused_v4_kernel.cuh; live for wide W with 16-byte aligned rows on
+// compute capability 9.0: bf16/f16, and f32 of Gram side <= 128): TMA
+// copies into a 6-stage ring of 128 x 64 tiles (32 KB per stage: two
+// operands for an off-diagonal job),
 // 2 consumer warpgroups of wgmma m64n128k16 (64 Gram rows each) and one
 // producer warpgroup; jobs are whole 128 x 128 Gram tiles (col_tile 128),
 // a diagonal job computing its whole symmetric square; one persistent block
-// per SM (192 KB of shared memory, 384 threads, 150 registers). Chains of
-// 4 k-steps per fresh accumulator as v3. Measurements: NOTES.md, fused v4.
+// per SM (192 KB of shared memory, 384 threads; setmaxnreg 40 / 232). Two
+// accumulator sets per consumer (wgmma of slice k + 1 runs while slice k is
+// added to the sums): 0.157 -> 0.142 ms on 480 x 128x4096 bf16 (H200 runs
+// s2-1, s2-2). Chains of 4 k-steps per fresh accumulator as v3 (same max
+// errors as v3 to the digits printed). f32 (Gram side <= 128): the
+// consumers split each tile into scaled f16 hi + 2 lo, 8 wgmma per slice.
+// Measurements: NOTES.md, fused v4; bench/RESULTS.md, session 2.
 inline constexpr LaunchPolicy kFusedPolicyV4Sm90{
-    "fused-v4-tma-wgmma-bt128s6", 128, 12, 64, 128, 6, 0, 128, 1, 6, 4, 0};
+    "fused-v4-tma-wgmma-bt128s6", 128, 12, 64, 128, 6, 2, 128, 1, 6, 4, 4};
 
 // The kernel version string, e.g.
 // "cuda-fused-v4/sm90/fused-v4-...+fused-v3-...+tall:fused-v1-...": the
