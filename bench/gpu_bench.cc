@@ -171,17 +171,13 @@ int Build(const Case& c, std::mt19937_64& rng, Inputs* in, bool oracle = true) {
 }
 
 // Which fused kernel a prepared case runs.
-// kV4Ring32: v4 with the 6 x 32 KB ring of launches with off-diagonal jobs
-// even where every job is diagonal (the A-B's comparison for the 12 x 16 KB
-// ring).
-enum class Kernel { kAuto, kV1Tall, kV3, kV4, kV4Ring32 };
+enum class Kernel { kAuto, kV1Tall, kV3, kV4 };
 
 const char* KernelPolicyName(Kernel k) {
   switch (k) {
     case Kernel::kV1Tall: return kFusedPolicySm90.name;
     case Kernel::kV3: return kFusedPolicyV3Sm90.name;
-    case Kernel::kV4:
-    case Kernel::kV4Ring32: return kFusedPolicyV4Sm90.name;
+    case Kernel::kV4: return kFusedPolicyV4Sm90.name;
     case Kernel::kAuto: break;
   }
   return "?";
@@ -231,8 +227,7 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
   std::vector<int32_t> jb;
   const bool wide = kernel != Kernel::kV1Tall;
   if (wide) {
-    const bool v4 = kernel == Kernel::kV4 || kernel == Kernel::kV4Ring32;
-    const LaunchPolicy& p = v4 ? kFusedPolicyV4Sm90 : kFusedPolicyV3Sm90;
+    const LaunchPolicy& p = kernel == Kernel::kV4 ? kFusedPolicyV4Sm90 : kFusedPolicyV3Sm90;
     for (size_t i = 0; i < sides.size(); ++i) {
       jb.push_back(static_cast<int32_t>(jobs2.size()));
       AppendFusedJobsV2(static_cast<int32_t>(i), sides[i], p, &jobs2);
@@ -253,7 +248,7 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
   const size_t sd = al(descs.size() * sizeof(MatrixDesc)), sj = al(nj * job_bytes),
                sb = al(jb.size() * 4), s8 = al(nj * 8), s4 = al(nj * 4),
                m8 = al(views.size() * 8), m4 = al(views.size() * 4),
-               sm = wide && kernel != Kernel::kV3 ? al(views.size() * kTensorMapBytes) : 0;
+               sm = kernel == Kernel::kV4 ? al(views.size() * kTensorMapBytes) : 0;
   BENCH_CHECK(cudaMalloc(&f->dev, sd + sj + sb + 2 * s8 + s4 + m8 + m4 + sm));
   auto* p = static_cast<uint8_t*>(f->dev);
   f->desc = reinterpret_cast<MatrixDesc*>(p);
@@ -273,7 +268,7 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
     BENCH_CHECK(cudaMemcpy(f->jobs, jobs.data(), nj * sizeof(FusedJob), cudaMemcpyHostToDevice));
   }
   BENCH_CHECK(cudaMemcpy(f->jb, jb.data(), jb.size() * 4, cudaMemcpyHostToDevice));
-  if (wide && kernel != Kernel::kV3) {
+  if (kernel == Kernel::kV4) {
     std::vector<uint8_t> maps(views.size() * kTensorMapBytes);
     for (size_t i = 0; i < views.size(); ++i) {
       BENCH_CHECK(EncodeFusedV4Map(views[i].dtype, descs[i], maps.data() + i * kTensorMapBytes));
@@ -293,9 +288,7 @@ cudaError_t RunPrepared(const FusedPrepared& f, cudaStream_t s) {
       e = LaunchFusedV2(f.dtype, f.desc, f.jobs2, f.num_jobs, f.offdiag, f.g2, f.tr, f.mx, s);
       break;
     case Kernel::kV4:
-    case Kernel::kV4Ring32:
-      e = LaunchFusedV4(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs,
-                        f.offdiag || f.kernel == Kernel::kV4Ring32, f.g2, f.tr, f.mx, s);
+      e = LaunchFusedV4(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs, f.g2, f.tr, f.mx, s);
       break;
     case Kernel::kAuto: break;
   }
@@ -371,9 +364,8 @@ int Probe(cudaStream_t stream, int reps, nlohmann::json* out) {
 }
 
 // --ab: the wide kernels side by side from one binary: v3 (mma.sync +
-// cp.async, live for unaligned rows and f32 Grams of side > 128), v4 (TMA +
-// wgmma, live for the rest on sm_90) and v4 with the ring of launches with
-// off-diagonal jobs (6 x 32 KB) in diagonal-only launches (live: 12 x 16 KB). First accuracy:
+// cp.async, live for unaligned rows and f32 Grams of side > 128) and v4
+// (TMA + wgmma, live for the rest on sm_90). First accuracy:
 // each kernel x dtype x spectrum family (flat, power-law, rank-1, Gaussian)
 // on 128x4096 (diagonal jobs only) and 256x4096 / 1000x3001 (off-diagonal
 // and edge tiles), max rel error vs the float64 SVD oracle. Then timing:
@@ -381,13 +373,12 @@ int Probe(cudaStream_t stream, int reps, nlohmann::json* out) {
 // warm-up); per kernel the median of the round medians and the spread
 // (max - min).
 int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
-  const Kernel kernels[] = {Kernel::kV3, Kernel::kV4Ring32, Kernel::kV4};
-  const char* names[] = {"v3", "v4 6x32K ring", "v4"};
-  constexpr int kV = 3;
-  // v4 takes f32 only for Grams of side <= 128 (diagonal jobs, one ring).
+  const Kernel kernels[] = {Kernel::kV3, Kernel::kV4};
+  const char* names[] = {"v3", "v4"};
+  constexpr int kV = 2;
+  // v4 takes f32 only for Grams of side <= 128 (diagonal jobs).
   auto applies = [](Kernel k, DType dt, int64_t rows) {
-    if (dt != DType::kF32) return true;
-    return k == Kernel::kV3 || (k == Kernel::kV4 && rows <= 128);
+    return k != Kernel::kV4 || dt != DType::kF32 || rows <= 128;
   };
   std::mt19937_64 rng(11);
   nlohmann::json acc = nlohmann::json::array();

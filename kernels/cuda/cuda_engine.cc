@@ -525,8 +525,7 @@ class Runner {
         case kV4:
           policy = &kFusedPolicyV4Sm90;
           RVD_CUDA_RETURN_IF_ERROR(
-              launch4(dt, d_maps, d_desc, d_jobs2 + l0, j1 - j0, offdiag, g2, tr, mx,
-                      ctx.stream));
+              launch4(dt, d_maps, d_desc, d_jobs2 + l0, j1 - j0, g2, tr, mx, ctx.stream));
           break;
       }
       fused_served_[FusedCountKey(*policy)] += static_cast<int64_t>(s1 - s0);

@@ -31,13 +31,11 @@ cudaError_t LaunchFusedV2Mutant(DType dtype, const MatrixDesc* mats,
 }
 
 cudaError_t LaunchFusedV4Mutant(DType dtype, const void* maps, const MatrixDesc* mats,
-                                const FusedJobV2* jobs, int num_jobs, bool any_offdiagonal,
-                                double* g2, double* trace, float* maxabs,
-                                cudaStream_t stream) {
-  if (dtype != DType::kBF16) return cudaErrorNotSupported;  // one dtype
-  return fused_v4::LaunchFusedV4T<__nv_bfloat16, true>(maps, mats, jobs, num_jobs,
-                                                       any_offdiagonal, g2, trace, maxabs,
-                                                       stream);
+                                const FusedJobV2* jobs, int num_jobs, double* g2,
+                                double* trace, float* maxabs, cudaStream_t stream) {
+  if (dtype != DType::kBF16) return cudaErrorNotSupported;  // one instance
+  return fused_v4::LaunchFusedV4T<__nv_bfloat16, true>(maps, mats, jobs, num_jobs, g2,
+                                                       trace, maxabs, stream);
 }
 
 const bool kRegistered = [] {

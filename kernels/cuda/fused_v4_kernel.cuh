@@ -75,18 +75,15 @@ constexpr int kHalfTileBytes = kTile * kSliceK * 2;  // one 16-bit operand tile
 // Shared memory per input type: the TMA ring (1024-byte aligned for the
 // 128B swizzle), for f32 the converted f16 hi/lo tiles (two sets), then
 // 2 x stages mbarriers and the epilogue's per-warp partials (two sets).
-//   16-bit, launches with off-diagonal jobs: 6 stages of 32 KB (two
-//           operands per slice); diagonal jobs only: 12 stages of 16 KB
-//           (one tile is both operands), twice the bytes in flight.
+//   16-bit: 6 stages of 32 KB (two operands for an off-diagonal job).
 //   f32:    4 stages of one 128 x 64 f32 tile (diagonal jobs only, n <=
 //           128), plus 2 x (hi + 2 lo) f16 tiles the consumers convert into.
-template <typename T, bool kDiagOnly>
+template <typename T>
 struct Layout {
   static constexpr bool kF32 = std::is_same_v<T, float>;
-  static constexpr bool kOneTile = kF32 || kDiagOnly;  // one TMA tile per slice
-  static constexpr int kStages = kF32 ? 4 : (kDiagOnly ? 12 : 6);
+  static constexpr int kStages = kF32 ? 4 : 6;
   static constexpr int kTileBytes = kTile * kSliceK * (kF32 ? 4 : 2);  // one TMA copy
-  static constexpr int kStageBytes = kOneTile ? kTileBytes : 2 * kTileBytes;
+  static constexpr int kStageBytes = kF32 ? kTileBytes : 2 * kTileBytes;
   static constexpr int kConvOffset = kStages * kStageBytes;
   static constexpr int kConvBytes = kF32 ? 2 * 2 * kHalfTileBytes : 0;
   static constexpr int kBarrierOffset = kConvOffset + kConvBytes;
@@ -107,8 +104,8 @@ constexpr LaunchPolicy kPolicy = kFusedPolicyV4Sm90;
 static_assert(kPolicy.block_tile == kTile && kPolicy.col_tile == kTile);
 static_assert(kPolicy.warps * 32 == kThreads && kPolicy.warp_tile == 64);
 static_assert(kPolicy.k_slice_bytes == kSliceK * 2);
-static_assert(kPolicy.stages == Layout<__nv_bfloat16, true>::kStages &&
-              kPolicy.stages_offdiag == Layout<__nv_bfloat16, false>::kStages);
+static_assert(kPolicy.stages == Layout<__nv_bfloat16>::kStages &&
+              kPolicy.stages_offdiag == Layout<__nv_bfloat16>::kStages);
 static_assert(kPolicy.chain_ksteps == kSliceK / 16 && kPolicy.chain_ksteps_f32 == kSliceK / 16);
 static_assert(kPolicy.f32_split == 2);  // hi hi^T + hi (2 lo)^T
 static_assert(kPolicy.blocks_per_sm == 1);
@@ -292,11 +289,11 @@ __device__ __forceinline__ float WarpMaxKeepNaN(float v) {
 #ifdef RVD_FUSED_V4_DEVICE
 
 // The producer thread: each job's K-slices into the ring, in job order.
-template <typename T, bool kDiagOnly>
+template <typename T>
 __device__ __forceinline__ void ProduceSlices(const CUtensorMap* maps, const MatrixDesc* mats,
                                               const FusedJobV2* jobs, int num_jobs,
                                               uint32_t tiles, uint32_t full0, uint32_t empty0) {
-  using L = Layout<T, kDiagOnly>;
+  using L = Layout<T>;
   int stage = 0;
   uint32_t phase = 0;
   for (int j = blockIdx.x; j < num_jobs; j += gridDim.x) {
@@ -441,14 +438,13 @@ __device__ __forceinline__ float ConvertTile(const float* src, uint32_t hi, uint
 // slice's first k-step (one wrong index): a Gram that is wrong yet
 // plausible (about 3/4 of W W^T), which the finalize's range test does not
 // turn into a fallback; the checks against the oracle must catch it.
-// kDiagOnly: every job of the launch is diagonal (Layout).
-template <typename T, bool kMutant, bool kDiagOnly>
+template <typename T, bool kMutant>
 __global__ void __launch_bounds__(kThreads, 1)
     FusedV4Kernel(const CUtensorMap* maps, const MatrixDesc* mats,
                   const FusedJobV2* jobs, int num_jobs, double* g2, double* trace,
                   float* maxabs) {
 #ifdef RVD_FUSED_V4_DEVICE
-  using L = Layout<T, kDiagOnly>;
+  using L = Layout<T>;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = SmemAddr(smem_raw);
   const uint32_t tiles = (raw + 1023) & ~1023u;
@@ -472,7 +468,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp >= kConsumerWarps) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
     if (warp == kConsumerWarps && lane == 0) {
-      ProduceSlices<T, kDiagOnly>(maps, mats, jobs, num_jobs, tiles, full0, empty0);
+      ProduceSlices<T>(maps, mats, jobs, num_jobs, tiles, full0, empty0);
     }
     return;
   }
@@ -542,7 +538,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
         mma(part, hi, hi, kHalfTileBytes);
       } else {
-        mma(part, a_tile, L::kOneTile || diag ? a_tile : a_tile + L::kTileBytes, 0);
+        mma(part, a_tile, diag ? a_tile : a_tile + L::kTileBytes, 0);
         advance();
       }
     };
@@ -586,12 +582,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // RVD_FUSED_V4_DEVICE
 }
 
-template <typename T, bool kMutant, bool kDiagOnly>
-cudaError_t LaunchFusedV4Instance(const void* maps, const MatrixDesc* mats,
-                                  const FusedJobV2* jobs, int num_jobs, double* g2,
-                                  double* trace, float* maxabs, cudaStream_t stream) {
-  auto* kernel = FusedV4Kernel<T, kMutant, kDiagOnly>;
-  constexpr int smem = Layout<T, kDiagOnly>::kSmemBytes;
+template <typename T, bool kMutant>
+cudaError_t LaunchFusedV4T(const void* maps, const MatrixDesc* mats,
+                           const FusedJobV2* jobs, int num_jobs, double* g2,
+                           double* trace, float* maxabs, cudaStream_t stream) {
+  if (num_jobs <= 0) return cudaSuccess;
+  auto* kernel = FusedV4Kernel<T, kMutant>;
+  constexpr int smem = Layout<T>::kSmemBytes;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   int device = 0, sms = 0;
@@ -604,37 +601,20 @@ cudaError_t LaunchFusedV4Instance(const void* maps, const MatrixDesc* mats,
   return cudaGetLastError();
 }
 
-// f32 launches have diagonal jobs only (FusedV4Serves).
-template <typename T, bool kMutant>
-cudaError_t LaunchFusedV4T(const void* maps, const MatrixDesc* mats,
-                           const FusedJobV2* jobs, int num_jobs, bool any_offdiagonal,
-                           double* g2, double* trace, float* maxabs, cudaStream_t stream) {
-  if (num_jobs <= 0) return cudaSuccess;
-  if constexpr (std::is_same_v<T, float>) {
-    if (any_offdiagonal) return cudaErrorInvalidValue;
-  } else if (any_offdiagonal) {
-    return LaunchFusedV4Instance<T, kMutant, false>(maps, mats, jobs, num_jobs, g2, trace,
-                                                    maxabs, stream);
-  }
-  return LaunchFusedV4Instance<T, kMutant, true>(maps, mats, jobs, num_jobs, g2, trace, maxabs,
-                                                 stream);
-}
-
 template <bool kMutant>
 cudaError_t LaunchFusedV4Dispatch(DType dtype, const void* maps, const MatrixDesc* mats,
-                                  const FusedJobV2* jobs, int num_jobs, bool any_offdiagonal,
-                                  double* g2, double* trace, float* maxabs,
-                                  cudaStream_t stream) {
+                                  const FusedJobV2* jobs, int num_jobs, double* g2,
+                                  double* trace, float* maxabs, cudaStream_t stream) {
   switch (dtype) {
     case DType::kBF16:
-      return LaunchFusedV4T<__nv_bfloat16, kMutant>(maps, mats, jobs, num_jobs, any_offdiagonal,
-                                                    g2, trace, maxabs, stream);
+      return LaunchFusedV4T<__nv_bfloat16, kMutant>(maps, mats, jobs, num_jobs, g2, trace,
+                                                    maxabs, stream);
     case DType::kF16:
-      return LaunchFusedV4T<__half, kMutant>(maps, mats, jobs, num_jobs, any_offdiagonal, g2,
-                                             trace, maxabs, stream);
+      return LaunchFusedV4T<__half, kMutant>(maps, mats, jobs, num_jobs, g2, trace, maxabs,
+                                             stream);
     case DType::kF32:
-      return LaunchFusedV4T<float, kMutant>(maps, mats, jobs, num_jobs, any_offdiagonal, g2,
-                                            trace, maxabs, stream);
+      return LaunchFusedV4T<float, kMutant>(maps, mats, jobs, num_jobs, g2, trace, maxabs,
+                                            stream);
   }
   return cudaErrorInvalidValue;
 }

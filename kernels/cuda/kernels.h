@@ -71,11 +71,9 @@ inline constexpr int kTensorMapBytes = 128;
 bool FusedV4Serves(DType dtype, const MatrixDesc& d);
 // Host only: writes matrix d's tensor map (d.data a device pointer) to `map`.
 cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map);
-// any_offdiagonal false (every job diagonal) selects the 12 x 16 KB ring;
-// true, 6 x 32 KB (correct for any jobs; f32 launches must be false).
 cudaError_t LaunchFusedV4(DType dtype, const void* maps, const MatrixDesc* mats,
-                          const FusedJobV2* jobs, int num_jobs, bool any_offdiagonal,
-                          double* g2, double* trace, float* maxabs, cudaStream_t stream);
+                          const FusedJobV2* jobs, int num_jobs, double* g2,
+                          double* trace, float* maxabs, cudaStream_t stream);
 
 // Test hooks: the mutant launchers (v1 and v2), set by fused_mutant.cu's
 // static initializer in the test binary; nullptr in the product.
@@ -88,7 +86,7 @@ using FusedV2Launcher = cudaError_t (*)(DType, const MatrixDesc*,
                                         double*, float*, cudaStream_t);
 extern FusedV2Launcher g_fused_v2_mutant_launcher;
 using FusedV4Launcher = cudaError_t (*)(DType, const void*, const MatrixDesc*,
-                                        const FusedJobV2*, int, bool, double*, double*,
+                                        const FusedJobV2*, int, double*, double*,
                                         float*, cudaStream_t);
 extern FusedV4Launcher g_fused_v4_mutant_launcher;
 

@@ -123,9 +123,8 @@ inline constexpr LaunchPolicy kFusedPolicyV3Sm90{
 
 // v4 (fused_v4_kernel.cuh; live for wide W with 16-byte aligned rows on
 // compute capability 9.0: bf16/f16, and f32 of Gram side <= 128): TMA
-// copies into a ring of 128 x 64 tiles (launches with off-diagonal jobs:
-// 6 stages of 32 KB, two operands per slice; diagonal jobs only: 12 of 16
-// KB, one tile being both operands),
+// copies into a 6-stage ring of 128 x 64 tiles (32 KB per stage: two
+// operands for an off-diagonal job),
 // 2 consumer warpgroups of wgmma m64n128k16 (64 Gram rows each) and one
 // producer warpgroup; jobs are whole 128 x 128 Gram tiles (col_tile 128),
 // a diagonal job computing its whole symmetric square; one persistent block
@@ -137,7 +136,7 @@ inline constexpr LaunchPolicy kFusedPolicyV3Sm90{
 // consumers split each tile into scaled f16 hi + 2 lo, 8 wgmma per slice.
 // Measurements: NOTES.md, fused v4; bench/RESULTS.md, session 2.
 inline constexpr LaunchPolicy kFusedPolicyV4Sm90{
-    "fused-v4-tma-wgmma-bt128s12", 128, 12, 64, 128, 12, 2, 128, 1, 6, 4, 4};
+    "fused-v4-tma-wgmma-bt128s6", 128, 12, 64, 128, 6, 2, 128, 1, 6, 4, 4};
 
 // The kernel version string, e.g.
 // "cuda-fused-v4/sm90/fused-v4-...+fused-v3-...+tall:fused-v1-...": the
