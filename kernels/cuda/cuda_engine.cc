@@ -343,7 +343,10 @@ class Runner {
       absl::StatusOr<double> exact =
           host_batch.empty() ? OracleFromDevice(ctx, ctx.device_views[i])
                              : OraclePR(host_batch[global]);
-      if (!exact.ok()) return exact.status();
+      if (!exact.ok()) {  // e.g. Inf, which f32 Gram entries cannot tell from overflow
+        return absl::Status(exact.status().code(),
+                            absl::StrCat("batch[", global, "]: ", exact.status().message()));
+      }
       out[global] = *exact;
       ++fallbacks;
     }
