@@ -37,6 +37,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <map>
 #include <memory>
 #include <random>
@@ -170,19 +171,6 @@ int Build(const Case& c, std::mt19937_64& rng, Inputs* in, bool oracle = true) {
   return 0;
 }
 
-// Which fused kernel a prepared case runs.
-enum class Kernel { kAuto, kV1Tall, kV3, kV4 };
-
-const char* KernelPolicyName(Kernel k) {
-  switch (k) {
-    case Kernel::kV1Tall: return kFusedPolicySm90.name;
-    case Kernel::kV3: return kFusedPolicyV3Sm90.name;
-    case Kernel::kV4: return kFusedPolicyV4Sm90.name;
-    case Kernel::kAuto: break;
-  }
-  return "?";
-}
-
 // The fused kernel and finalize alone, prepared once per set.
 struct FusedPrepared {
   void* dev = nullptr;
@@ -190,7 +178,7 @@ struct FusedPrepared {
   FusedJob* jobs = nullptr;      // v1 (tall cases)
   FusedJobV2* jobs2 = nullptr;   // v3 and v4 (wide cases; v4: 128 x 128 tiles)
   void* maps = nullptr;          // v4's tensor maps
-  Kernel kernel = Kernel::kV3;
+  FusedKernel kernel = FusedKernel::kV3;
   int32_t* jb = nullptr;
   double *g2 = nullptr, *tr = nullptr, *pr = nullptr;
   float* mx = nullptr;
@@ -201,33 +189,31 @@ struct FusedPrepared {
   ~FusedPrepared() { cudaFree(dev); }
 };
 
-// One case is one shape and dtype: kAuto picks the kernel as the engine
-// does (tall: v1; wide: v4 where it runs and serves, else v3).
+// One case is one shape and dtype: without `forced`, the kernel the engine
+// would choose (ChooseFusedKernel).
 int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
-            Kernel kernel = Kernel::kAuto) {
+            std::optional<FusedKernel> forced = std::nullopt) {
   std::vector<MatrixDesc> descs;
   std::vector<int64_t> sides;
   for (const MatrixView& v : views) {
     descs.push_back(MakeDesc(v));
     sides.push_back(descs.back().n);
   }
-  if (kernel == Kernel::kAuto) {
-    int device = 0;
-    cudaDeviceProp prop;
-    BENCH_CHECK(cudaGetDevice(&device));
-    BENCH_CHECK(cudaGetDeviceProperties(&prop, device));
-    kernel = descs[0].tall ? Kernel::kV1Tall
-             : FusedV4Runs(prop.major, prop.minor) && FusedV4Serves(views[0].dtype, descs[0])
-                 ? Kernel::kV4
-                 : Kernel::kV3;
-  }
+  int device = 0;
+  cudaDeviceProp prop;
+  BENCH_CHECK(cudaGetDevice(&device));
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, device));
+  const FusedKernel kernel =
+      forced ? *forced
+             : ChooseFusedKernel(prop.major, prop.minor, views[0].dtype, views[0].rows,
+                                 views[0].cols, descs[0].aligned != 0);
   f->kernel = kernel;
   std::vector<FusedJob> jobs;
   std::vector<FusedJobV2> jobs2;
   std::vector<int32_t> jb;
-  const bool wide = kernel != Kernel::kV1Tall;
+  const bool wide = kernel != FusedKernel::kV1Tall;
   if (wide) {
-    const LaunchPolicy& p = kernel == Kernel::kV4 ? kFusedPolicyV4Sm90 : kFusedPolicyV3Sm90;
+    const LaunchPolicy& p = FusedPolicyOf(kernel);
     for (size_t i = 0; i < sides.size(); ++i) {
       jb.push_back(static_cast<int32_t>(jobs2.size()));
       AppendFusedJobsV2(static_cast<int32_t>(i), sides[i], p, &jobs2);
@@ -248,7 +234,7 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
   const size_t sd = al(descs.size() * sizeof(MatrixDesc)), sj = al(nj * job_bytes),
                sb = al(jb.size() * 4), s8 = al(nj * 8), s4 = al(nj * 4),
                m8 = al(views.size() * 8), m4 = al(views.size() * 4),
-               sm = kernel == Kernel::kV4 ? al(views.size() * kTensorMapBytes) : 0;
+               sm = kernel == FusedKernel::kV4 ? al(views.size() * kTensorMapBytes) : 0;
   BENCH_CHECK(cudaMalloc(&f->dev, sd + sj + sb + 2 * s8 + s4 + m8 + m4 + sm));
   auto* p = static_cast<uint8_t*>(f->dev);
   f->desc = reinterpret_cast<MatrixDesc*>(p);
@@ -268,7 +254,7 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
     BENCH_CHECK(cudaMemcpy(f->jobs, jobs.data(), nj * sizeof(FusedJob), cudaMemcpyHostToDevice));
   }
   BENCH_CHECK(cudaMemcpy(f->jb, jb.data(), jb.size() * 4, cudaMemcpyHostToDevice));
-  if (kernel == Kernel::kV4) {
+  if (kernel == FusedKernel::kV4) {
     std::vector<uint8_t> maps(views.size() * kTensorMapBytes);
     for (size_t i = 0; i < views.size(); ++i) {
       BENCH_CHECK(EncodeFusedV4Map(views[i].dtype, descs[i], maps.data() + i * kTensorMapBytes));
@@ -281,16 +267,15 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
 cudaError_t RunPrepared(const FusedPrepared& f, cudaStream_t s) {
   cudaError_t e = cudaErrorInvalidValue;
   switch (f.kernel) {
-    case Kernel::kV1Tall:
+    case FusedKernel::kV1Tall:
       e = LaunchFused(f.dtype, f.desc, f.jobs, f.num_jobs, f.offdiag, f.g2, f.tr, f.mx, s);
       break;
-    case Kernel::kV3:
+    case FusedKernel::kV3:
       e = LaunchFusedV2(f.dtype, f.desc, f.jobs2, f.num_jobs, f.offdiag, f.g2, f.tr, f.mx, s);
       break;
-    case Kernel::kV4:
+    case FusedKernel::kV4:
       e = LaunchFusedV4(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs, f.g2, f.tr, f.mx, s);
       break;
-    case Kernel::kAuto: break;
   }
   if (e != cudaSuccess) return e;
   return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
@@ -373,12 +358,14 @@ int Probe(cudaStream_t stream, int reps, nlohmann::json* out) {
 // warm-up); per kernel the median of the round medians and the spread
 // (max - min).
 int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
-  const Kernel kernels[] = {Kernel::kV3, Kernel::kV4};
+  const FusedKernel kernels[] = {FusedKernel::kV3, FusedKernel::kV4};
   const char* names[] = {"v3", "v4"};
   constexpr int kV = 2;
   // v4 takes f32 only for Grams of side <= 128 (diagonal jobs).
-  auto applies = [](Kernel k, DType dt, int64_t rows) {
-    return k != Kernel::kV4 || dt != DType::kF32 || rows <= 128;
+  // v4 only where it would serve on an H200 (f32: Gram side <= 128).
+  auto applies = [](FusedKernel k, DType dt, int64_t rows, int64_t cols) {
+    return k != FusedKernel::kV4 ||
+           ChooseFusedKernel(9, 0, dt, rows, cols, /*aligned=*/true) == FusedKernel::kV4;
   };
   std::mt19937_64 rng(11);
   nlohmann::json acc = nlohmann::json::array();
@@ -416,7 +403,7 @@ int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
         std::printf("%-5s %4lldx%-5lld %-9s", DTypeName(dt), (long long)rows, (long long)cols,
                     SpectrumName(sp));
         for (int v = 0; v < kV; ++v) {
-          if (!applies(kernels[v], dt, rows)) {
+          if (!applies(kernels[v], dt, rows, cols)) {
             std::printf(" %12s", "n/a");
             continue;
           }
@@ -458,7 +445,7 @@ int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
     if (Build(c, rng, &in, /*oracle=*/false) != 0) return 1;
     std::vector<std::vector<FusedPrepared>> prep(kV);
     for (int v = 0; v < kV; ++v) {
-      if (!applies(kernels[v], c.dtype, c.rows)) continue;
+      if (!applies(kernels[v], c.dtype, c.rows, c.cols)) continue;
       prep[v] = std::vector<FusedPrepared>(3);
       for (int s = 0; s < 3; ++s) {
         if (Prepare(in.sets[s], &prep[v][s], kernels[v]) != 0) return 1;
@@ -724,7 +711,7 @@ int Main(int argc, char** argv) {
                 c.tag.c_str(), (long long)c.batch, shape.c_str(), DTypeName(c.dtype),
                 kernel_ms, steady_ms, 100.0 * floor_ms / steady_ms, bytes / (steady_ms * 1e-3) / 1e9,
                 flops / (steady_ms * 1e-3) / 1e12, Median(ta), Median(tb), spread, floor_ms,
-                KernelPolicyName(prep[0].kernel));
+                FusedPolicyOf(prep[0].kernel).name);
     timing.push_back({{"case", c.tag}, {"batch", c.batch}, {"rows", c.rows}, {"cols", c.cols},
                       {"dtype", DTypeName(c.dtype)}, {"kernel_ms", kernel_ms},
                       {"steady_kernel_ms", steady_ms},
@@ -733,7 +720,7 @@ int Main(int argc, char** argv) {
                       {"TFLOPs_full_gram", flops / (steady_ms * 1e-3) / 1e12},
                       {"fused_call_ms", Median(ta)}, {"algebraic_call_ms", Median(tb)},
                       {"call_spread_ms", spread}, {"floor_ms", floor_ms},
-                      {"policy", KernelPolicyName(prep[0].kernel)}});
+                      {"policy", FusedPolicyOf(prep[0].kernel).name}});
   }
   out["timing"] = timing;
   if (quick) {

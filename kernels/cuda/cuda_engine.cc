@@ -401,20 +401,19 @@ class Runner {
   // trace, maxabs) run over all kinds of job in matrix order, so the
   // finalize sums each matrix's jobs in order. Which kernel serves a matrix
   // depends only on the matrix and the device: the same bits in every call.
-  enum FusedKernel { kV4 = 0, kV3 = 1, kV1Tall = 2 };
   absl::Status EnqueueFused(Context& ctx) {
     const auto& views = ctx.device_views;
     const size_t m = views.size();
-    const bool v4_runs = FusedV4Runs(engine_->sm_major_, engine_->sm_minor_);
     std::vector<MatrixDesc> by_index(m);
-    std::vector<int> kernel(m);
+    std::vector<FusedKernel> kernel(m);
     for (size_t i = 0; i < m; ++i) {
       by_index[i] = MakeDesc(views[i]);
-      kernel[i] = by_index[i].tall                                  ? kV1Tall
-                  : v4_runs && FusedV4Serves(views[i].dtype, by_index[i]) ? kV4
-                                                                    : kV3;
+      kernel[i] = ChooseFusedKernel(engine_->sm_major_, engine_->sm_minor_, views[i].dtype,
+                                    views[i].rows, views[i].cols, by_index[i].aligned != 0);
     }
-    auto key = [&](size_t i) { return 3 * static_cast<int>(views[i].dtype) + kernel[i]; };
+    auto key = [&](size_t i) {
+      return 3 * static_cast<int>(views[i].dtype) + static_cast<int>(kernel[i]);
+    };
     ctx.order.resize(m);
     std::iota(ctx.order.begin(), ctx.order.end(), size_t{0});
     std::stable_sort(ctx.order.begin(), ctx.order.end(),
@@ -427,9 +426,9 @@ class Runner {
     bool any_v4 = false;
     for (size_t s = 0; s < m; ++s) {
       descs[s] = by_index[ctx.order[s]];
-      const int k = kernel[ctx.order[s]];
+      const FusedKernel k = kernel[ctx.order[s]];
       const int64_t side[1] = {descs[s].n};
-      if (k == kV1Tall) {
+      if (k == FusedKernel::kV1Tall) {
         list_begin[s] = static_cast<int32_t>(jobs_.size());
         std::vector<FusedJob> one;
         std::vector<int32_t> jb;
@@ -440,10 +439,9 @@ class Runner {
         }
         job_begin_.push_back(job_begin_.back() + static_cast<int32_t>(one.size()));
       } else {
-        any_v4 |= k == kV4;
+        any_v4 |= k == FusedKernel::kV4;
         list_begin[s] = static_cast<int32_t>(jobs2_.size());
-        AppendFusedJobsV2(static_cast<int32_t>(s), side[0],
-                          k == kV4 ? kFusedPolicyV4Sm90 : kFusedPolicyV3Sm90, &jobs2_);
+        AppendFusedJobsV2(static_cast<int32_t>(s), side[0], FusedPolicyOf(k), &jobs2_);
         job_begin_.push_back(static_cast<int32_t>(jobs_.size() + jobs2_.size()));
       }
     }
@@ -474,7 +472,7 @@ class Runner {
     }
     std::memcpy(At<void>(ctx.up.ptr, o_jb), job_begin_.data(), (m + 1) * sizeof(int32_t));
     for (size_t i = 0; any_v4 && i < m; ++i) {
-      if (kernel[ctx.order[i]] != kV4) continue;
+      if (kernel[ctx.order[i]] != FusedKernel::kV4) continue;
       RVD_CUDA_RETURN_IF_ERROR(EncodeFusedV4Map(
           views[ctx.order[i]].dtype, descs[i],
           At<unsigned char>(ctx.up.ptr, o_maps) + i * kTensorMapBytes));
@@ -502,7 +500,7 @@ class Runner {
     size_t s0 = 0;
     while (s0 < m) {
       const DType dt = views[ctx.order[s0]].dtype;
-      const int k = kernel[ctx.order[s0]];
+      const FusedKernel k = kernel[ctx.order[s0]];
       size_t s1 = s0;
       while (s1 < m && key(ctx.order[s1]) == key(ctx.order[s0])) ++s1;
       const int j0 = job_begin_[s0], j1 = job_begin_[s1];
@@ -512,26 +510,25 @@ class Runner {
       float* mx = At<float>(w, o_mx) + j0;
       bool offdiag = false;
       for (int j = 0; j < j1 - j0; ++j) {
-        offdiag |= (k == kV1Tall ? jobs_[l0 + j].diagonal : jobs2_[l0 + j].diagonal) == 0;
+        const bool diagonal = k == FusedKernel::kV1Tall ? jobs_[l0 + j].diagonal
+                                                        : jobs2_[l0 + j].diagonal;
+        offdiag |= !diagonal;
       }
-      const LaunchPolicy* policy = &kFusedPolicySm90;
       switch (k) {
-        case kV1Tall:
+        case FusedKernel::kV1Tall:
           RVD_CUDA_RETURN_IF_ERROR(
               launch(dt, d_desc, d_jobs + l0, j1 - j0, offdiag, g2, tr, mx, ctx.stream));
           break;
-        case kV3:
-          policy = &kFusedPolicyV3Sm90;
+        case FusedKernel::kV3:
           RVD_CUDA_RETURN_IF_ERROR(
               launch2(dt, d_desc, d_jobs2 + l0, j1 - j0, offdiag, g2, tr, mx, ctx.stream));
           break;
-        case kV4:
-          policy = &kFusedPolicyV4Sm90;
+        case FusedKernel::kV4:
           RVD_CUDA_RETURN_IF_ERROR(
               launch4(dt, d_maps, d_desc, d_jobs2 + l0, j1 - j0, g2, tr, mx, ctx.stream));
           break;
       }
-      fused_served_[FusedCountKey(*policy)] += static_cast<int64_t>(s1 - s0);
+      fused_served_[FusedCountKey(FusedPolicyOf(k))] += static_cast<int64_t>(s1 - s0);
       s0 = s1;
     }
     RVD_CUDA_RETURN_IF_ERROR(LaunchFinalize(

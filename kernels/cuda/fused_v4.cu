@@ -28,15 +28,12 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 
 }  // namespace
 
-bool FusedV4Serves(DType dtype, const MatrixDesc& d) {
-  // f32 runs diagonal jobs only (fused_v4_kernel.cuh, Layout<float>).
-  return d.tall == 0 && d.aligned != 0 && (dtype != DType::kF32 || d.n <= fused_v4::kTile);
-}
-
 cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (encode == nullptr) return cudaErrorNotSupported;
-  if (!FusedV4Serves(dtype, d)) return cudaErrorInvalidValue;
+  if (ChooseFusedKernel(9, 0, dtype, d.rows, d.cols, d.aligned != 0) != FusedKernel::kV4) {
+    return cudaErrorInvalidValue;
+  }
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(d.cols),
                               static_cast<cuuint64_t>(d.rows)};
   const bool f32 = dtype == DType::kF32;

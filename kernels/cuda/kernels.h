@@ -60,15 +60,13 @@ cudaError_t LaunchFusedV2Probe(const MatrixDesc* mats, const FusedJobV2* jobs,
                                double* trace, float* maxabs, int probe,
                                int splits, cudaStream_t stream);
 
-// The fused kernel v4 (sm_90a: TMA + wgmma; fused_v4_kernel.cuh) for wide
-// bf16/f16 matrices with 16-byte aligned rows (FusedV4Serves), on devices
-// of compute capability 9.0 only. Jobs are FusedJobV2 with 128 x 128 tiles
+// The fused kernel v4 (sm_90a: TMA + wgmma; fused_v4_kernel.cuh) for the
+// matrices ChooseFusedKernel (launch_policy.h) gives it. Jobs are FusedJobV2 with 128 x 128 tiles
 // (kFusedPolicyV4Sm90); `maps` holds one kTensorMapBytes tensor map per
 // matrix index (EncodeFusedV4Map, 64-byte aligned device memory); outputs
 // per job as LaunchFused, except maxabs (sqrt(max_i G_ii / k): see
 // fused_v4_kernel.cuh).
 inline constexpr int kTensorMapBytes = 128;
-bool FusedV4Serves(DType dtype, const MatrixDesc& d);
 // Host only: writes matrix d's tensor map (d.data a device pointer) to `map`.
 cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map);
 cudaError_t LaunchFusedV4(DType dtype, const void* maps, const MatrixDesc* mats,

@@ -17,8 +17,21 @@ std::string KernelVersion(int sm_major, int sm_minor) {
                       kFusedPolicyV3Sm90.name, "+tall:", kFusedPolicySm90.name);
 }
 
-const LaunchPolicy& FusedPolicyFor(int64_t rows, int64_t cols) {
-  return rows <= cols ? kFusedPolicyV3Sm90 : kFusedPolicySm90;
+FusedKernel ChooseFusedKernel(int sm_major, int sm_minor, DType dtype, int64_t rows,
+                              int64_t cols, bool aligned) {
+  if (rows > cols) return FusedKernel::kV1Tall;
+  const bool v4 = FusedV4Runs(sm_major, sm_minor) && aligned &&
+                  (dtype != DType::kF32 || rows <= kFusedPolicyV4Sm90.block_tile);
+  return v4 ? FusedKernel::kV4 : FusedKernel::kV3;
+}
+
+const LaunchPolicy& FusedPolicyOf(FusedKernel kernel) {
+  switch (kernel) {
+    case FusedKernel::kV4: return kFusedPolicyV4Sm90;
+    case FusedKernel::kV3: return kFusedPolicyV3Sm90;
+    case FusedKernel::kV1Tall: break;
+  }
+  return kFusedPolicySm90;
 }
 
 void AppendFusedJobsV2(int32_t matrix, int64_t side, const LaunchPolicy& p,

@@ -146,9 +146,20 @@ std::string KernelVersion(int sm_major, int sm_minor);
 // Whether the device runs fused v4 (sm_90a code: compute capability 9.0).
 bool FusedV4Runs(int sm_major, int sm_minor);
 
-// Which fused policy serves a rows x cols matrix: v3 for wide (rows <=
-// cols), v1 for tall.
-const LaunchPolicy& FusedPolicyFor(int64_t rows, int64_t cols);
+// The fused kernels, in the order a launch groups them.
+enum class FusedKernel { kV4 = 0, kV3 = 1, kV1Tall = 2 };
+
+// Which fused kernel serves a rows x cols matrix of `dtype` on a device of
+// compute capability sm_major.sm_minor; `aligned`: its data and rows start
+// on 16-byte boundaries (what TMA needs). Tall matrices: v1. Wide: v4 where
+// it runs, for aligned rows, f32 only up to a Gram side of 128 (diagonal
+// jobs); else v3. Depends on nothing else: a matrix gets the same bits in
+// every call.
+FusedKernel ChooseFusedKernel(int sm_major, int sm_minor, DType dtype, int64_t rows,
+                              int64_t cols, bool aligned);
+
+// The launch policy of a fused kernel.
+const LaunchPolicy& FusedPolicyOf(FusedKernel kernel);
 
 // One block of the fused kernel: the tile (ti, tj), ti <= tj, of matrix m's
 // Gram, in units of block_tile.

@@ -125,6 +125,25 @@ TEST(LaunchPolicy, VersionNamesTheKernel) {
   EXPECT_TRUE(FusedV4Runs(9, 0));
 }
 
+// One choice of fused kernel for the engine, the bench and v4's tensor-map
+// encoder.
+TEST(LaunchPolicy, ChooseFusedKernel) {
+  using K = FusedKernel;
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    EXPECT_EQ(ChooseFusedKernel(9, 0, dt, 4096, 128, true), K::kV1Tall);
+    EXPECT_EQ(ChooseFusedKernel(9, 0, dt, 128, 4096, true), K::kV4);
+    EXPECT_EQ(ChooseFusedKernel(9, 0, dt, 128, 4096, false), K::kV3);  // TMA needs alignment
+    EXPECT_EQ(ChooseFusedKernel(8, 0, dt, 128, 4096, true), K::kV3);   // no sm_90a code
+    EXPECT_EQ(ChooseFusedKernel(10, 0, dt, 128, 4096, true), K::kV3);
+  }
+  // f32 on v4: diagonal jobs only, so Gram sides up to 128.
+  EXPECT_EQ(ChooseFusedKernel(9, 0, DType::kF32, 129, 4096, true), K::kV3);
+  EXPECT_EQ(ChooseFusedKernel(9, 0, DType::kBF16, 1024, 4096, true), K::kV4);
+  EXPECT_STREQ(FusedPolicyOf(K::kV4).name, kFusedPolicyV4Sm90.name);
+  EXPECT_STREQ(FusedPolicyOf(K::kV3).name, kFusedPolicyV3Sm90.name);
+  EXPECT_STREQ(FusedPolicyOf(K::kV1Tall).name, kFusedPolicySm90.name);
+}
+
 // v4 jobs: whole 128 x 128 tiles, diagonal ones weight 1 over their square,
 // off-diagonal ones weight 2: every Gram entry counted once (with i <-> j).
 TEST(LaunchPolicy, V4JobsWeightEveryGramEntryOnce) {
