@@ -241,34 +241,33 @@ void Metrics::AddIngestedBytes(uint64_t bytes) {
   ingested_bytes_.Increment(static_cast<double>(bytes));
 }
 
+void Metrics::Follow(prometheus::Family<prometheus::Counter>& family,
+                     const char* label, const std::string& backend,
+                     const std::string& key, double total,
+                     FollowedMap& series) {
+  Followed& f = series[{backend, key}];
+  if (f.counter == nullptr)
+    f.counter = &family.Add({{"backend", backend}, {label, key}});
+  if (total > f.seen) {
+    f.counter->Increment(total - f.seen);
+    f.seen = total;
+  }
+}
+
 void Metrics::RecordServed(const std::string& backend,
                            const std::map<std::string, int64_t>& counts) {
   absl::MutexLock lock(&mu_);
   for (const auto& [path, n] : counts) {
-    ServedSeries& s = served_[{backend, path}];
-    if (s.counter == nullptr) {
-      s.counter = &served_family_.Add({{"backend", backend}, {"path", path}});
-    }
-    if (n > s.seen) {
-      s.counter->Increment(static_cast<double>(n - s.seen));
-      s.seen = n;
-    }
+    Follow(served_family_, "path", backend, path, static_cast<double>(n),
+           served_);
   }
 }
 
 void Metrics::RecordPhases(const std::string& backend,
                            const std::map<std::string, double>& seconds) {
   absl::MutexLock lock(&mu_);
-  for (const auto& [phase, t] : seconds) {
-    PhaseSeries& s = phases_[{backend, phase}];
-    if (s.counter == nullptr) {
-      s.counter = &phase_family_.Add({{"backend", backend}, {"phase", phase}});
-    }
-    if (t > s.seen) {
-      s.counter->Increment(t - s.seen);
-      s.seen = t;
-    }
-  }
+  for (const auto& [phase, t] : seconds)
+    Follow(phase_family_, "phase", backend, phase, t, phases_);
 }
 
 void Metrics::RecordError(const std::string& code) {

@@ -130,20 +130,21 @@ class Metrics {
       ABSL_GUARDED_BY(mu_);
   // rvd_errors_total by code.
   std::map<std::string, prometheus::Counter*> errors_ ABSL_GUARDED_BY(mu_);
-  // rvd_engine_matrices_total by (backend, path), and the count it shows.
-  struct ServedSeries {
-    prometheus::Counter* counter = nullptr;
-    int64_t seen = 0;
-  };
-  std::map<std::pair<std::string, std::string>, ServedSeries> served_
-      ABSL_GUARDED_BY(mu_);
-  // rvd_engine_seconds_total by (backend, phase), and the seconds it shows.
-  struct PhaseSeries {
+  // A counter that follows an engine's cumulative total, and the total it
+  // shows; by (backend, path) for rvd_engine_matrices_total and (backend,
+  // phase) for rvd_engine_seconds_total.
+  struct Followed {
     prometheus::Counter* counter = nullptr;
     double seen = 0.0;
   };
-  std::map<std::pair<std::string, std::string>, PhaseSeries> phases_
-      ABSL_GUARDED_BY(mu_);
+  using FollowedMap = std::map<std::pair<std::string, std::string>, Followed>;
+  // Advances the counter {backend, label=key} of `family` to `total`.
+  void Follow(prometheus::Family<prometheus::Counter>& family,
+              const char* label, const std::string& backend,
+              const std::string& key, double total, FollowedMap& series)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  FollowedMap served_ ABSL_GUARDED_BY(mu_);
+  FollowedMap phases_ ABSL_GUARDED_BY(mu_);
 };
 
 // Serves `registry` at http://address/metrics. Errors (bad address, port in
