@@ -199,35 +199,20 @@ __device__ __forceinline__ void FenceAccumulators(float (&d)[64]) {
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, "   \
   "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "   \
   "%62, %63}"
-#define RVD_V4_D64_OPERANDS(d)                                                   \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),        \
-      "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),  \
-      "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),           \
-      "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),           \
-      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]),           \
-      "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),           \
-      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),           \
-      "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),           \
-      "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]),           \
-      "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]),           \
-      "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),           \
-      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),           \
-      "+f"(d[62]), "+f"(d[63])
-
-#define RVD_V4_D64_OUTPUTS(d)                                                   \
-  "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]),        \
-      "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]),  \
-      "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]),           \
-      "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]),           \
-      "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]),           \
-      "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]),           \
-      "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]),           \
-      "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]),           \
-      "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]),           \
-      "=f"(d[47]), "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]),           \
-      "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]), "=f"(d[56]),           \
-      "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]),           \
-      "=f"(d[62]), "=f"(d[63])
+// The 64 accumulator operands with constraint c: "+f" (read and written)
+// or "=f" (written only).
+#define RVD_V4_D64_ARGS(c, d)                                                   \
+  c(d[0]), c(d[1]), c(d[2]), c(d[3]), c(d[4]), c(d[5]), c(d[6]), c(d[7]), \
+      c(d[8]), c(d[9]), c(d[10]), c(d[11]), c(d[12]), c(d[13]), c(d[14]), \
+      c(d[15]), c(d[16]), c(d[17]), c(d[18]), c(d[19]), c(d[20]), c(d[21]), \
+      c(d[22]), c(d[23]), c(d[24]), c(d[25]), c(d[26]), c(d[27]), c(d[28]), \
+      c(d[29]), c(d[30]), c(d[31]), c(d[32]), c(d[33]), c(d[34]), c(d[35]), \
+      c(d[36]), c(d[37]), c(d[38]), c(d[39]), c(d[40]), c(d[41]), c(d[42]), \
+      c(d[43]), c(d[44]), c(d[45]), c(d[46]), c(d[47]), c(d[48]), c(d[49]), \
+      c(d[50]), c(d[51]), c(d[52]), c(d[53]), c(d[54]), c(d[55]), c(d[56]), \
+      c(d[57]), c(d[58]), c(d[59]), c(d[60]), c(d[61]), c(d[62]), c(d[63])
+#define RVD_V4_D64_OPERANDS(d) RVD_V4_D64_ARGS("+f", d)
+#define RVD_V4_D64_OUTPUTS(d) RVD_V4_D64_ARGS("=f", d)
 
 // d = A (64 x 16, K-major) * B^T (B: 128 x 16, K-major) (+ d unless
 // kFirst: the first k-step of a chain writes d without reading it, so the
@@ -235,38 +220,36 @@ __device__ __forceinline__ void FenceAccumulators(float (&d)[64]) {
 template <typename T, bool kFirst>
 __device__ __forceinline__ void WgmmaM64N128K16(float (&d)[64], uint64_t a, uint64_t b) {
   static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
-  if constexpr (kFirst && std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, 0, 0;\n"
-        " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " RVD_V4_D64
-        ", %64, %65, p, 1, 1, 0, 0;\n}"
-        : RVD_V4_D64_OUTPUTS(d)
-        : "l"(a), "l"(b));
+  // One asm per (first, types): PTX wants the operand types in the text.
+#define RVD_V4_WGMMA_FIRST(types)                                                    \
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, 0, 0;\n"                         \
+               " wgmma.mma_async.sync.aligned.m64n128k16.f32." types " " RVD_V4_D64 \
+               ", %64, %65, p, 1, 1, 0, 0;\n}"                                       \
+               : RVD_V4_D64_OUTPUTS(d)                                               \
+               : "l"(a), "l"(b))
+#define RVD_V4_WGMMA_ACCUMULATE(types)                                                \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." types " " RVD_V4_D64   \
+               ", %64, %65, 1, 1, 1, 0, 0;"                                          \
+               : RVD_V4_D64_OPERANDS(d)                                              \
+               : "l"(a), "l"(b))
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  if constexpr (kFirst && kBf16) {
+    RVD_V4_WGMMA_FIRST("bf16.bf16");
   } else if constexpr (kFirst) {
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, 0, 0;\n"
-        " wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " RVD_V4_D64
-        ", %64, %65, p, 1, 1, 0, 0;\n}"
-        : RVD_V4_D64_OUTPUTS(d)
-        : "l"(a), "l"(b));
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " RVD_V4_D64
-        ", %64, %65, 1, 1, 1, 0, 0;"
-        : RVD_V4_D64_OPERANDS(d)
-        : "l"(a), "l"(b));
+    RVD_V4_WGMMA_FIRST("f16.f16");
+  } else if constexpr (kBf16) {
+    RVD_V4_WGMMA_ACCUMULATE("bf16.bf16");
   } else {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " RVD_V4_D64
-        ", %64, %65, 1, 1, 1, 0, 0;"
-        : RVD_V4_D64_OPERANDS(d)
-        : "l"(a), "l"(b));
+    RVD_V4_WGMMA_ACCUMULATE("f16.f16");
   }
+#undef RVD_V4_WGMMA_FIRST
+#undef RVD_V4_WGMMA_ACCUMULATE
 }
 
 #undef RVD_V4_D64
 #undef RVD_V4_D64_OPERANDS
 #undef RVD_V4_D64_OUTPUTS
+#undef RVD_V4_D64_ARGS
 
 template <typename T>
 __device__ __forceinline__ T WarpSum(T v) {
