@@ -56,6 +56,7 @@
 #include "kernels/cpu_engine_stats.h"
 #include "kernels/dtype_convert.h"
 #include "kernels/engine.h"
+#include "kernels/estimator_math.h"
 #include "kernels/estimator_rng.h"
 
 namespace rvd {
@@ -623,40 +624,6 @@ void GramTimes(const F32Block& b, const Shape& s, const float* z, int64_t m,
 }
 
 double FrobeniusSquared(const float* x, int64_t n) { return SumSquares(x, n); }
-
-// Keeps an estimate of ||G||_F^2 where a PR in [1, n] puts it:
-// trace^2 / n <= ||G||_F^2 <= trace^2.
-double ClampedPR(double trace, double g2_estimate, int64_t n) {
-  const double t2 = trace * trace;
-  const double g2 = std::clamp(g2_estimate, t2 / static_cast<double>(n), t2);
-  return t2 / g2;
-}
-
-// Modified Gram-Schmidt, twice, in float64, on the m columns of q (n x m,
-// row-major f32). Columns that vanish (rank < m) are zeroed.
-void Orthonormalize(float* q, int64_t n, int64_t m, std::vector<double>& work) {
-  double* d = Grow(work, n * m);
-  for (int64_t i = 0; i < n * m; ++i) d[i] = q[i];
-  std::vector<double> norm0(static_cast<size_t>(m));
-  for (int64_t c = 0; c < m; ++c) {
-    double n0 = 0;
-    for (int64_t i = 0; i < n; ++i) n0 += d[i * m + c] * d[i * m + c];
-    norm0[c] = std::sqrt(n0);
-    for (int pass = 0; pass < 2; ++pass) {
-      for (int64_t p = 0; p < c; ++p) {
-        double dot = 0;
-        for (int64_t i = 0; i < n; ++i) dot += d[i * m + p] * d[i * m + c];
-        for (int64_t i = 0; i < n; ++i) d[i * m + c] -= dot * d[i * m + p];
-      }
-    }
-    double nn = 0;
-    for (int64_t i = 0; i < n; ++i) nn += d[i * m + c] * d[i * m + c];
-    nn = std::sqrt(nn);
-    const double inv = (nn > 1e-10 * norm0[c] && nn > 0) ? 1.0 / nn : 0.0;
-    for (int64_t i = 0; i < n; ++i) d[i * m + c] *= inv;
-  }
-  for (int64_t i = 0; i < n * m; ++i) q[i] = static_cast<float>(d[i]);
-}
 
 // Hutchinson: tr(G^2) = E ||G z||^2 for Rademacher z; K probes.
 // Hutch++ (Meyer, Musco, Musco, Woodruff 2021) with the same budget of K

@@ -49,6 +49,7 @@
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch_policy.h"
 #include "kernels/engine.h"
+#include "kernels/estimator_math.h"
 #include "kernels/estimator_rng.h"
 
 namespace rvd::cuda {
@@ -227,36 +228,6 @@ absl::Status ValidateView(const MatrixView& v, size_t index) {
 
 enum class Kind { kFused, kAlgebraic, kNaive, kPowerIter, kSketch };
 
-
-// The CPU engine's Orthonormalize (modified Gram-Schmidt twice, float64) on
-// q (n x m, row-major).
-void Orthonormalize(std::vector<float>& q, int64_t n, int64_t m) {
-  std::vector<double> d(q.begin(), q.end());
-  for (int64_t c = 0; c < m; ++c) {
-    double n0 = 0;
-    for (int64_t i = 0; i < n; ++i) n0 += d[i * m + c] * d[i * m + c];
-    const double norm0 = std::sqrt(n0);
-    for (int pass = 0; pass < 2; ++pass) {
-      for (int64_t p = 0; p < c; ++p) {
-        double dot = 0;
-        for (int64_t i = 0; i < n; ++i) dot += d[i * m + p] * d[i * m + c];
-        for (int64_t i = 0; i < n; ++i) d[i * m + c] -= dot * d[i * m + p];
-      }
-    }
-    double nn = 0;
-    for (int64_t i = 0; i < n; ++i) nn += d[i * m + c] * d[i * m + c];
-    nn = std::sqrt(nn);
-    const double inv = (nn > 1e-10 * norm0 && nn > 0) ? 1.0 / nn : 0.0;
-    for (int64_t i = 0; i < n; ++i) d[i * m + c] *= inv;
-  }
-  for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>(d[i]);
-}
-
-double ClampedPR(double trace, double g2_estimate, int64_t n) {
-  const double t2 = trace * trace;
-  const double g2 = std::clamp(g2_estimate, t2 / static_cast<double>(n), t2);
-  return t2 / g2;
-}
 
 // Row-major r x c <-> column-major r x c.
 std::vector<float> RowToColMajor(const float* x, int64_t r, int64_t c) {
@@ -944,7 +915,8 @@ class Runner {
                                                cudaMemcpyDeviceToHost, ctx.stream));
       RVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
       q = ColToRowMajor(gz.data(), n, m);
-      Orthonormalize(q, n, m);
+      std::vector<double> work;
+      Orthonormalize(q.data(), n, m, work);
       s = Upload(ctx, z, RowToColMajor(q.data(), n, m));
       if (s.ok()) s = GramTimes(ctx, x, tall, ni, li, z, static_cast<int>(m), tmp, out);
       if (!s.ok()) return s;
