@@ -25,8 +25,8 @@
 //   build/bin/rvd_bench_gpu [--json PATH] [--reps N] [--quick] [--probe] [--ab]
 // (--probe: the v3 kernel alone with parts left out or K split across
 // blocks, to place its time; see Probe below. --ab: the wide kernels v3
-// and v4 from this one binary: accuracy per dtype and spectrum family
-// first, then interleaved timing; see AB below)
+// and v4, and v4's probes, from this one binary: accuracy per dtype and
+// spectrum family first, then interleaved timing; see AB below)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -357,21 +357,49 @@ int Probe(cudaStream_t stream, int reps, nlohmann::json* out) {
 // the target cases, rounds A-B-A-B (each a queued median after 50 ms of
 // warm-up); per kernel the median of the round medians and the spread
 // (max - min).
+//
+// Besides the live kernels, v4's probes (kernels.h, LaunchFusedV4Probe):
+// exact ones ("v4-lead1") take part in both tables, the others (wrong on
+// purpose) in the timing only.
+struct Contender {
+  const char* name;
+  FusedKernel kernel;
+  int v4_mode;  // 0: the live kernel; else a fused_v4::Mode probe
+  bool exact;
+};
+constexpr Contender kContenders[] = {
+    {"v3", FusedKernel::kV3, 0, true},          {"v4", FusedKernel::kV4, 0, true},
+    {"v4-chain1", FusedKernel::kV4, 4, true},   {"v4-b=a", FusedKernel::kV4, 2, false},
+    {"v4-noload", FusedKernel::kV4, 3, false},  {"v4-retire1", FusedKernel::kV4, 5, false},
+    {"v4-noconv", FusedKernel::kV4, 6, false},
+};
+
+cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_t s) {
+  if (v.v4_mode == 0) return RunPrepared(f, s);
+  const cudaError_t e = LaunchFusedV4Probe(v.v4_mode, f.dtype, f.maps, f.desc, f.jobs2,
+                                           f.num_jobs, f.g2, f.tr, f.mx, s);
+  if (e != cudaSuccess) return e;
+  return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
+}
+
 int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
-  const FusedKernel kernels[] = {FusedKernel::kV3, FusedKernel::kV4};
-  const char* names[] = {"v3", "v4"};
-  constexpr int kV = 2;
-  // v4 takes f32 only for Grams of side <= 128 (diagonal jobs).
-  // v4 only where it would serve on an H200 (f32: Gram side <= 128).
-  auto applies = [](FusedKernel k, DType dt, int64_t rows, int64_t cols) {
-    return k != FusedKernel::kV4 ||
-           ChooseFusedKernel(9, 0, dt, rows, cols, /*aligned=*/true) == FusedKernel::kV4;
+  constexpr int kV = sizeof(kContenders) / sizeof(kContenders[0]);
+  // v4 only where it would serve on an H200 (f32: Gram side <= 128); some
+  // probes change f32's pipeline only, others the 16-bit work shapes.
+  auto applies = [](const Contender& v, DType dt, int64_t rows, int64_t cols) {
+    if (v.kernel != FusedKernel::kV4) return true;
+    const bool f32 = dt == DType::kF32;
+    if (v.v4_mode == 6 && !f32) return false;
+    if (v.v4_mode == 4 && f32) return false;
+    return ChooseFusedKernel(9, 0, dt, rows, cols, /*aligned=*/true) == FusedKernel::kV4;
   };
   std::mt19937_64 rng(11);
   nlohmann::json acc = nlohmann::json::array();
   std::printf("\nab accuracy: max rel err vs float64 SVD oracle (4 matrices each)\n");
   std::printf("%-5s %-10s %-9s", "dtype", "shape", "spectrum");
-  for (const char* n : names) std::printf(" %12s", n);
+  for (const Contender& v : kContenders) {
+    if (v.exact) std::printf(" %12s", v.name);
+  }
   std::printf("\n");
   bool all_ok = true;
   struct Sh {
@@ -402,15 +430,16 @@ int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
         }
         std::printf("%-5s %4lldx%-5lld %-9s", DTypeName(dt), (long long)rows, (long long)cols,
                     SpectrumName(sp));
-        for (int v = 0; v < kV; ++v) {
-          if (!applies(kernels[v], dt, rows, cols)) {
+        for (const Contender& v : kContenders) {
+          if (!v.exact) continue;
+          if (!applies(v, dt, rows, cols)) {
             std::printf(" %12s", "n/a");
             continue;
           }
           FusedPrepared f;
-          if (Prepare(views, &f, kernels[v]) != 0) return 1;
+          if (Prepare(views, &f, v.kernel) != 0) return 1;
           BENCH_CHECK(cudaMemset(f.pr, 0xFF, 4 * sizeof(double)));
-          BENCH_CHECK(RunPrepared(f, stream));
+          BENCH_CHECK(RunContender(f, v, stream));
           std::vector<double> got(4);
           BENCH_CHECK(cudaMemcpyAsync(got.data(), f.pr, 4 * sizeof(double),
                                       cudaMemcpyDeviceToHost, stream));
@@ -418,7 +447,7 @@ int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
           const CheckResult r = CheckPR(got, ref, kExactPrTolerance);
           all_ok &= r.mismatches == 0;
           std::printf(" %11.2e%s", r.max_rel_error, r.mismatches ? "!" : " ");
-          acc.push_back({{"kernel", names[v]}, {"dtype", DTypeName(dt)}, {"rows", rows},
+          acc.push_back({{"kernel", v.name}, {"dtype", DTypeName(dt)}, {"rows", rows},
                          {"cols", cols}, {"spectrum", SpectrumName(sp)},
                          {"max_rel_err", r.max_rel_error}, {"mismatches", r.mismatches}});
         }
@@ -438,17 +467,17 @@ int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
   std::printf("\nab timing: kernel + finalize, median of %d rounds (each a queued median of %d"
               " after 50 ms warm-up), spread = max - min of the rounds, ms\n%-22s", kRounds, reps,
               "case");
-  for (const char* n : names) std::printf(" %20s", n);
+  for (const Contender& v : kContenders) std::printf(" %20s", v.name);
   std::printf("\n");
   for (const Case& c : cases) {
     Inputs in;
     if (Build(c, rng, &in, /*oracle=*/false) != 0) return 1;
     std::vector<std::vector<FusedPrepared>> prep(kV);
     for (int v = 0; v < kV; ++v) {
-      if (!applies(kernels[v], c.dtype, c.rows, c.cols)) continue;
+      if (!applies(kContenders[v], c.dtype, c.rows, c.cols)) continue;
       prep[v] = std::vector<FusedPrepared>(3);
       for (int s = 0; s < 3; ++s) {
-        if (Prepare(in.sets[s], &prep[v][s], kernels[v]) != 0) return 1;
+        if (Prepare(in.sets[s], &prep[v][s], kContenders[v].kernel) != 0) return 1;
       }
     }
     std::vector<std::vector<double>> med(kV);
@@ -456,7 +485,7 @@ int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
       for (int v = 0; v < kV; ++v) {
         if (prep[v].empty()) continue;
         std::vector<double> t;
-        auto launch = [&](int r) { return RunPrepared(prep[v][r % 3], stream); };
+        auto launch = [&](int r) { return RunContender(prep[v][r % 3], kContenders[v], stream); };
         if (TimeQueued(launch, reps, 50.0, stream, &t) != 0) return 1;
         med[v].push_back(Median(t));
       }
@@ -473,7 +502,7 @@ int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
       const double sp = *std::max_element(med[v].begin(), med[v].end()) -
                         *std::min_element(med[v].begin(), med[v].end());
       std::printf("  %9.4f +- %6.4f", m, sp);
-      rows.push_back({{"kernel", names[v]}, {"batch", c.batch}, {"rows", c.rows},
+      rows.push_back({{"kernel", kContenders[v].name}, {"batch", c.batch}, {"rows", c.rows},
                       {"cols", c.cols}, {"dtype", DTypeName(c.dtype)}, {"kernel_ms", m},
                       {"spread_ms", sp}, {"rounds_ms", med[v]}});
     }

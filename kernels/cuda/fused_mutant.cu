@@ -34,7 +34,7 @@ cudaError_t LaunchFusedV4Mutant(DType dtype, const void* maps, const MatrixDesc*
                                 const FusedJobV2* jobs, int num_jobs, double* g2,
                                 double* trace, float* maxabs, cudaStream_t stream) {
   if (dtype != DType::kBF16) return cudaErrorNotSupported;  // one instance
-  return fused_v4::LaunchFusedV4T<__nv_bfloat16, true>(maps, mats, jobs, num_jobs, g2,
+  return fused_v4::LaunchFusedV4T<__nv_bfloat16, fused_v4::kMutant>(maps, mats, jobs, num_jobs, g2,
                                                        trace, maxabs, stream);
 }
 

@@ -1,7 +1,7 @@
 // The fused PR kernel, version 4 (private to kernels/cuda/): Hopper's tensor
 // copy engine (TMA) and warpgroup MMAs (wgmma), for wide W whose rows start
 // on 16-byte boundaries: bf16/f16 of any size, f32 with a Gram side <= 128
-// (see ConvertTile). sm_90a only (wgmma): the translation units that
+// (see ScaleOfTile). sm_90a only (wgmma): the translation units that
 // include this file are compiled for sm_90a alone, and the engine launches
 // v4 only on compute capability 9.0.
 //
@@ -73,11 +73,13 @@ constexpr int kConsumerWarps = 4 * kConsumers;
 constexpr int kHalfTileBytes = kTile * kSliceK * 2;  // one 16-bit operand tile
 
 // Shared memory per input type: the TMA ring (1024-byte aligned for the
-// 128B swizzle), for f32 the converted f16 hi/lo tiles (two sets), then
-// 2 x stages mbarriers and the epilogue's per-warp partials (two sets).
+// 128B swizzle), for f32 the converted f16 hi/lo tiles, then 2 x stages
+// mbarriers and the epilogue's per-warp partials (two sets).
 //   16-bit: 6 stages of 32 KB (two operands for an off-diagonal job).
 //   f32:    4 stages of one 128 x 64 f32 tile (diagonal jobs only, n <=
-//           128), plus 2 x (hi + 2 lo) f16 tiles the consumers convert into.
+//           128), plus 3 sets of (hi + 2 lo) f16 tiles the consumers
+//           convert into: two slices read by the tensor cores while the
+//           third is written.
 template <typename T>
 struct Layout {
   static constexpr bool kF32 = std::is_same_v<T, float>;
@@ -85,10 +87,28 @@ struct Layout {
   static constexpr int kTileBytes = kTile * kSliceK * (kF32 ? 4 : 2);  // one TMA copy
   static constexpr int kStageBytes = kF32 ? kTileBytes : 2 * kTileBytes;
   static constexpr int kConvOffset = kStages * kStageBytes;
-  static constexpr int kConvBytes = kF32 ? 2 * 2 * kHalfTileBytes : 0;
+  static constexpr int kConvSets = kF32 ? 3 : 0;
+  static constexpr int kConvBytes = kConvSets * 2 * kHalfTileBytes;
   static constexpr int kBarrierOffset = kConvOffset + kConvBytes;
   static constexpr int kReduceOffset = kBarrierOffset + 2 * kStages * 8;
   static constexpr int kSmemBytes = 1024 + kReduceOffset + 2 * kConsumerWarps * 24 + 64;
+};
+
+// The kernel's purpose, a template argument: the product runs kLive, the
+// GPU test a deliberately wrong kernel, the bench's probes
+// (fused_v4_probe.cu) the kernel with one part changed, to place its time.
+enum Mode : int {
+  kLive,
+  // The last k-step of each slice reads B at the slice's first k-step (one
+  // wrong index): a Gram that is wrong yet plausible (about 3/4 of W W^T),
+  // which the finalize's range test does not turn into a fallback; the
+  // checks against the oracle must catch it.
+  kMutant,
+  kProbeBIsA,      // every job loads and multiplies its row tile only
+  kProbeNoLoad,    // the producer signals stages without loading them
+  kProbeChain1,    // 16-bit: one slice per accumulator chain for every Gram
+  kProbeRetire1,   // one add per finished slice instead of 64
+  kProbeNoConvert, // f32: the stages are not converted (wrong)
 };
 
 // setmaxnreg moves registers between the warpgroups of a block launched
@@ -272,7 +292,7 @@ __device__ __forceinline__ float WarpMaxKeepNaN(float v) {
 #ifdef RVD_FUSED_V4_DEVICE
 
 // The producer thread: each job's K-slices into the ring, in job order.
-template <typename T>
+template <typename T, int kMode>
 __device__ __forceinline__ void ProduceSlices(const CUtensorMap* maps, const MatrixDesc* mats,
                                               const FusedJobV2* jobs, int num_jobs,
                                               uint32_t tiles, uint32_t full0, uint32_t empty0) {
@@ -284,14 +304,18 @@ __device__ __forceinline__ void ProduceSlices(const CUtensorMap* maps, const Mat
     const CUtensorMap* map = maps + job.matrix;
     AcquireTensorMap(map);
     const int slices = (mats[job.matrix].cols + kSliceK - 1) / kSliceK;
-    const bool diag = job.diagonal != 0;
+    const bool one_tile = job.diagonal != 0 || kMode == kProbeBIsA;
     for (int k = 0; k < slices; ++k) {
       MbarWait(empty0 + 8 * stage, phase ^ 1);
       const uint32_t full = full0 + 8 * stage;
       const uint32_t a = tiles + stage * L::kStageBytes;
-      MbarArriveExpectTx(full, diag ? L::kTileBytes : 2 * L::kTileBytes);
-      TmaLoadTile(a, map, k * kSliceK, job.row0, full);
-      if (!diag) TmaLoadTile(a + L::kTileBytes, map, k * kSliceK, job.col0, full);
+      if constexpr (kMode == kProbeNoLoad) {
+        MbarArrive(full);
+      } else {
+        MbarArriveExpectTx(full, one_tile ? L::kTileBytes : 2 * L::kTileBytes);
+        TmaLoadTile(a, map, k * kSliceK, job.row0, full);
+        if (!one_tile) TmaLoadTile(a + L::kTileBytes, map, k * kSliceK, job.col0, full);
+      }
       if (++stage == L::kStages) {
         stage = 0;
         phase ^= 1;
@@ -363,24 +387,32 @@ __device__ __forceinline__ void ReduceJob(const float (&sum)[64], bool diag, int
 //   sum (P + 2X)_ij^2 = sum G_ij^2 + sum (X_ij - X_ji)^2    (P symmetric),
 // the last term second order in the rounding residuals (like the lo lo^T
 // that 3xTF32 drops): one product fewer than hi hi^T + hi lo^T + lo hi^T.
-// Writes hi and 2 lo in the 128B-swizzle layout wgmma reads; returns s^-2
-// (clamped at 2^126: a tile that large overflows the f32 Gram anyway, and
-// the finalize then falls back).
-__device__ __forceinline__ float ConvertTile(const float* src, uint32_t hi, uint32_t lo,
-                                             uint32_t* red_max) {
-  constexpr int kTasks = kTile * kSliceK / 4 / (128 * kConsumers);  // float4 per thread
+// The conversion: ScaleOfTile reads the tile once for its largest |w| (a
+// block-wide max), then ConvertTask q writes float4s tid + 256 q of it as
+// hi and 2 lo, in the 128B-swizzle layout wgmma reads.
+constexpr int kConvertTasks = kTile * kSliceK / 4 / (128 * kConsumers);  // float4s per thread
+
+struct TileScale {
+  float scale;  // s
+  float inv;    // s^-2, clamped at 2^126: a tile that large overflows the
+                // f32 Gram anyway, and the finalize then falls back
+};
+
+__device__ __forceinline__ TileScale ScaleOfTile(const float* src, uint32_t* red_max) {
   const int tid = threadIdx.x, lane = tid % 32;
-  float4 v[kTasks];
+  // Task q: float4 t = tid + 256 q of the tile: row t / 16, floats
+  // 4 (t % 16) .. + 3; each 8 lanes read 128 contiguous bytes. The tile is
+  // read again by ConvertTask: holding it in registers spilled (two
+  // accumulator sets and the sums are live).
+  const float4* tile = reinterpret_cast<const float4*>(src);
   uint32_t mx = 0;
 #pragma unroll
-  for (int q = 0; q < kTasks; ++q) {
-    // Task q: float4 t = tid + 256 q of the tile: row t / 16, floats
-    // 4 (t % 16) .. + 3; each 8 lanes read 128 contiguous bytes.
-    v[q] = reinterpret_cast<const float4*>(src)[tid + 128 * kConsumers * q];
-    mx = max(mx, __float_as_uint(v[q].x) & 0x7fffffffu);
-    mx = max(mx, __float_as_uint(v[q].y) & 0x7fffffffu);
-    mx = max(mx, __float_as_uint(v[q].z) & 0x7fffffffu);
-    mx = max(mx, __float_as_uint(v[q].w) & 0x7fffffffu);
+  for (int q = 0; q < kConvertTasks; ++q) {
+    const float4 v = tile[tid + 128 * kConsumers * q];
+    mx = max(mx, __float_as_uint(v.x) & 0x7fffffffu);
+    mx = max(mx, __float_as_uint(v.y) & 0x7fffffffu);
+    mx = max(mx, __float_as_uint(v.z) & 0x7fffffffu);
+    mx = max(mx, __float_as_uint(v.w) & 0x7fffffffu);
   }
   mx = __reduce_max_sync(0xffffffffu, mx);
   if (lane == 0) red_max[tid / 32] = mx;
@@ -390,38 +422,33 @@ __device__ __forceinline__ float ConvertTile(const float* src, uint32_t hi, uint
   // s = 2^(e - 127) with e = 268 - biased exponent of max |w|, in [64, 254].
   int e = 268 - static_cast<int>(mx >> 23);
   e = e < 64 ? 64 : (e > 254 ? 254 : e);
-  const float scale = __uint_as_float(static_cast<uint32_t>(e) << 23);
-#pragma unroll
-  for (int q = 0; q < kTasks; ++q) {
-    const int t = tid + 128 * kConsumers * q;
-    const int row = t / 16, h = t % 16;
-    const float x[4] = {v[q].x * scale, v[q].y * scale, v[q].z * scale, v[q].w * scale};
-    __half2 h01 = __floats2half2_rn(x[0], x[1]), h23 = __floats2half2_rn(x[2], x[3]);
-    const float2 b01 = __half22float2(h01), b23 = __half22float2(h23);
-    // 2 lo: x - hi is exact in f32; doubling it is exact.
-    __half2 l01 = __floats2half2_rn(2.0f * (x[0] - b01.x), 2.0f * (x[1] - b01.y));
-    __half2 l23 = __floats2half2_rn(2.0f * (x[2] - b23.x), 2.0f * (x[3] - b23.y));
-    // 16-byte chunk h / 2 of the row, swizzled with row % 8; this half of it.
-    const uint32_t at = row * 128 + (((h / 2) ^ (row % 8)) << 4) + (h % 2) * 8;
-    asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(hi + at),
-                 "r"(*reinterpret_cast<uint32_t*>(&h01)), "r"(*reinterpret_cast<uint32_t*>(&h23))
-                 : "memory");
-    asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(lo + at),
-                 "r"(*reinterpret_cast<uint32_t*>(&l01)), "r"(*reinterpret_cast<uint32_t*>(&l23))
-                 : "memory");
-  }
-  // The tensor cores read these tiles through the async proxy.
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  return ldexpf(1.0f, 254 - 2 * e);
+  return {__uint_as_float(static_cast<uint32_t>(e) << 23), ldexpf(1.0f, 254 - 2 * e)};
+}
+
+__device__ __forceinline__ void ConvertTask(const float* src, float scale, uint32_t hi,
+                                            uint32_t lo, int q) {
+  const int t = threadIdx.x + 128 * kConsumers * q;
+  const int row = t / 16, h = t % 16;
+  const float4 v = reinterpret_cast<const float4*>(src)[t];
+  const float x[4] = {v.x * scale, v.y * scale, v.z * scale, v.w * scale};
+  __half2 h01 = __floats2half2_rn(x[0], x[1]), h23 = __floats2half2_rn(x[2], x[3]);
+  const float2 b01 = __half22float2(h01), b23 = __half22float2(h23);
+  // 2 lo: x - hi is exact in f32; doubling it is exact.
+  __half2 l01 = __floats2half2_rn(2.0f * (x[0] - b01.x), 2.0f * (x[1] - b01.y));
+  __half2 l23 = __floats2half2_rn(2.0f * (x[2] - b23.x), 2.0f * (x[3] - b23.y));
+  // 16-byte chunk h / 2 of the row, swizzled with row % 8; this half of it.
+  const uint32_t at = row * 128 + (((h / 2) ^ (row % 8)) << 4) + (h % 2) * 8;
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(hi + at),
+               "r"(*reinterpret_cast<uint32_t*>(&h01)), "r"(*reinterpret_cast<uint32_t*>(&h23))
+               : "memory");
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(lo + at),
+               "r"(*reinterpret_cast<uint32_t*>(&l01)), "r"(*reinterpret_cast<uint32_t*>(&l23))
+               : "memory");
 }
 
 #endif  // RVD_FUSED_V4_DEVICE
 
-// kMutant (tests only): the last k-step of each slice reads B at the
-// slice's first k-step (one wrong index): a Gram that is wrong yet
-// plausible (about 3/4 of W W^T), which the finalize's range test does not
-// turn into a fallback; the checks against the oracle must catch it.
-template <typename T, bool kMutant>
+template <typename T, int kMode>
 __global__ void __launch_bounds__(kThreads, 1)
     FusedV4Kernel(const CUtensorMap* maps, const MatrixDesc* mats,
                   const FusedJobV2* jobs, int num_jobs, double* g2, double* trace,
@@ -451,16 +478,31 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp >= kConsumerWarps) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
     if (warp == kConsumerWarps && lane == 0) {
-      ProduceSlices<T>(maps, mats, jobs, num_jobs, tiles, full0, empty0);
+      ProduceSlices<T, kMode>(maps, mats, jobs, num_jobs, tiles, full0, empty0);
     }
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
 
-  // Consumers. The ring is walked twice in the same order: `next` issues
-  // (16-bit) or converts (f32) the next full stage, `done` frees.
+  // Consumers. A slice passes three steps: prepare (wait until its stage is
+  // full; f32: convert it into a hi/lo set and free the stage), issue
+  // (wgmma into part0 or part1), retire (add into the sums; 16-bit: free
+  // the stage). f32 prepares two slices ahead, so that its conversion runs
+  // while two slices of wgmma are queued (0.39 -> 0.37 ms, run s3-3; the
+  // conversion interleaved between the wgmma issues was slower: ptxas made
+  // each wgmma its own group, run s3-4).
+  //
+  // 16-bit Grams of side > 128 chain two slices (8 k-steps) per
+  // accumulator: half the adds, 5-6% faster on 32 x 1024x4096; 128-row
+  // Grams keep one slice per chain (two were 3-5% slower there: a unit
+  // holds two stages). Chosen from the matrix alone, so that a matrix gets
+  // the same bits in every launch; max error 5e-7 (run s3-3). f32 chains
+  // one slice (each has its own scale). A diagonal tile computes its whole
+  // square: giving the second warpgroup the 64 x 64 quadrant (m64n64) made
+  // ptxas serialize every wgmma of the kernel (runs s3-5, s3-6).
+  constexpr bool kSixteen = !L::kF32;
   const int c = warp / 4;
-  int next = 0, done = 0;
+  int next = 0, done = 0, conv = 0;
   uint32_t next_phase = 0;
   int parity = 0;  // which set of epilogue partials
   float part0[64], part1[64];
@@ -468,96 +510,132 @@ __global__ void __launch_bounds__(kThreads, 1)
     const FusedJobV2 job = jobs[j];
     const int cols = mats[job.matrix].cols;
     const int slices = (cols + kSliceK - 1) / kSliceK;
+    const int chain = kSixteen && kMode != kProbeChain1 && mats[job.matrix].n > kTile ? 2 : 1;
+    const int units = (slices + chain - 1) / chain;
     const bool diag = job.diagonal != 0;
+    const bool one_tile = diag || kMode == kProbeBIsA;
     float sum[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) sum[i] = 0.0f;
-    auto advance = [&] {
-      if (++next == L::kStages) {
-        next = 0;
-        next_phase ^= 1;
-      }
-    };
     auto free_stage = [&] {
       if (lane == 0) MbarArrive(empty0 + 8 * done);
       if (++done == L::kStages) done = 0;
     };
-    // Issues the next slice into `part` (chained wgmma from zero) from the
-    // operand tiles at a_tile / b_tile (and, f32, their lo halves at +lo).
-    auto mma = [&](float (&part)[64], uint32_t a_tile, uint32_t b_tile, uint32_t lo) {
-      const uint32_t a = a_tile + c * 64 * 128;
+    // The prepared slice's operand tiles (16-bit: the stage; f32: its hi
+    // set, 2 lo at + kHalfTileBytes) and, f32, its s^-2.
+    uint32_t ready = 0;
+    float ready_inv = 1.0f;
+    auto prepare = [&] {
+      MbarWait(full0 + 8 * next, next_phase);
+      const uint32_t stage = tiles + next * L::kStageBytes;
+      if (++next == L::kStages) {
+        next = 0;
+        next_phase ^= 1;
+      }
+      if constexpr (L::kF32) {
+        const uint32_t hi = tiles + L::kConvOffset + conv * 2 * kHalfTileBytes;
+        if (++conv == L::kConvSets) conv = 0;
+        const float* src = reinterpret_cast<const float*>(base + (stage - tiles));
+        if constexpr (kMode != kProbeNoConvert) {
+          const TileScale ts = ScaleOfTile(src, red_max);
+          ready_inv = ts.inv;
+#pragma unroll
+          for (int q = 0; q < kConvertTasks; ++q) {
+            ConvertTask(src, ts.scale, hi, hi + kHalfTileBytes, q);
+          }
+        }
+        // The tensor cores read the set through the async proxy.
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        free_stage();
+        // Every consumer has written its part of the set.
+        asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
+        ready = hi;
+      } else {
+        ready = stage;
+      }
+    };
+    // The prepared slice into `part` (from zero when `fresh`); f32: hi hi^T
+    // + hi (2 lo)^T.
+    auto issue = [&](float (&part)[64], bool fresh) {
+      using MmaT = std::conditional_t<L::kF32, __half, T>;
+      const uint32_t a = ready + c * 64 * 128;
+      const uint32_t b = L::kF32 || one_tile ? ready : ready + L::kTileBytes;
+#pragma unroll
+      for (int kk = 0; kk < kSliceK / 16; ++kk) {
+        const int kb = kMode == kMutant && kk == kSliceK / 16 - 1 ? 0 : kk;
+        const uint64_t da = SwizzledDesc(a + 32 * kk), db = SwizzledDesc(b + 32 * kb);
+        if (kk == 0 && fresh) {
+          WgmmaM64N128K16<MmaT, true>(part, da, db);
+        } else {
+          WgmmaM64N128K16<MmaT, false>(part, da, db);
+        }
+        if constexpr (L::kF32) {
+          WgmmaM64N128K16<MmaT, false>(part, da, SwizzledDesc(b + kHalfTileBytes + 32 * kb));
+        }
+      }
+    };
+    // Slices in unit u: `chain`, except a first unit of one when the count
+    // is odd.
+    auto unit_slices = [&](int u) { return u == 0 && chain * units != slices ? 1 : chain; };
+    // Unit u's slices into `part`, one commit group. Every path from the
+    // fence to the commit issues wgmma: on a path without, ptxas adds an
+    // empty wgmma group, and the wait for one pending group then waits for
+    // the slice just issued (run s3-2).
+    auto issue_unit = [&](float (&part)[64], float& inv, int u) {
+      if (kSixteen) prepare();
+      inv = ready_inv;
       FenceAccumulators(part);
       WgmmaFence();
-      using MmaT = std::conditional_t<L::kF32, __half, T>;
-      WgmmaM64N128K16<MmaT, true>(part, SwizzledDesc(a), SwizzledDesc(b_tile));
-      if constexpr (L::kF32) {  // hi hi^T + hi (2 lo)^T
-        WgmmaM64N128K16<MmaT, false>(part, SwizzledDesc(a), SwizzledDesc(b_tile + lo));
-      }
-#pragma unroll
-      for (int kk = 1; kk < kSliceK / 16; ++kk) {
-        const int kb = kMutant && kk == kSliceK / 16 - 1 ? 0 : kk;
-        WgmmaM64N128K16<MmaT, false>(part, SwizzledDesc(a + 32 * kk),
-                                     SwizzledDesc(b_tile + 32 * kb));
-        if constexpr (L::kF32) {
-          WgmmaM64N128K16<MmaT, false>(part, SwizzledDesc(a + 32 * kk),
-                                       SwizzledDesc(b_tile + lo + 32 * kb));
-        }
+      issue(part, true);
+      if (unit_slices(u) == 2) {
+        prepare();
+        issue(part, false);
       }
       WgmmaCommit();
     };
-    // 16-bit: the stage itself holds the operands.
-    // f32: convert the stage into hi/lo set `set`, free the stage, then
-    // wait until every consumer has written its part of the set.
-    float inv0 = 1.0f, inv1 = 1.0f;  // f32: s^-2 of the slice in part0 / part1
-    auto issue = [&](float (&part)[64], float& inv, int set) {
-      MbarWait(full0 + 8 * next, next_phase);
-      const uint32_t a_tile = tiles + next * L::kStageBytes;
-      if constexpr (L::kF32) {
-        const uint32_t hi = tiles + L::kConvOffset + set * 2 * kHalfTileBytes;
-        inv = ConvertTile(reinterpret_cast<const float*>(base + (a_tile - tiles)), hi,
-                          hi + kHalfTileBytes, red_max);
-        free_stage();
-        advance();
-        asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
-        mma(part, hi, hi, kHalfTileBytes);
-      } else {
-        mma(part, a_tile, diag ? a_tile : a_tile + L::kTileBytes, 0);
-        advance();
-      }
-    };
-    // Adds a finished slice into the sums (and, 16-bit, frees its stage).
-    auto retire = [&](float (&part)[64], float inv) {
+    auto retire = [&](float (&part)[64], float inv, int u) {
       FenceAccumulators(part);
-      if constexpr (L::kF32) {
-#pragma unroll
-        for (int i = 0; i < 64; ++i) sum[i] = __fmaf_rn(part[i], inv, sum[i]);
-      } else {
+      if constexpr (kSixteen) {
         free_stage();
+        if (unit_slices(u) == 2) free_stage();
+      }
+      if constexpr (kMode == kProbeRetire1) {
+        // One add keeps every wgmma (ptxas drops those whose results are
+        // never read: with no adds at all, 4 of 19 were left, run s3-2).
+        sum[0] = __fadd_rn(sum[0], part[0]);
+      } else {
 #pragma unroll
-        for (int i = 0; i < 64; ++i) sum[i] = __fadd_rn(sum[i], part[i]);
+        for (int i = 0; i < 64; ++i) {
+          sum[i] = L::kF32 ? __fmaf_rn(part[i], inv, sum[i]) : __fadd_rn(sum[i], part[i]);
+        }
       }
     };
-    // part0 holds the oldest slice in flight at the top of the loop; f32
-    // converts slice k + 1 while slice k's wgmma run.
-    issue(part0, inv0, 0);
-    int k = 0;
-    for (; k + 2 < slices; k += 2) {
-      issue(part1, inv1, 1);
+    // One step: unit u runs in `run`, unit u + 1 (< units) goes into
+    // `nxt`, then u is retired. f32 prepares unit u + 2 (two ahead).
+    float inv0 = 1.0f, inv1 = 1.0f;
+    auto step = [&](float (&run)[64], float run_inv, float (&nxt)[64], float& nxt_inv, int u) {
+      issue_unit(nxt, nxt_inv, u + 1);
+      if (L::kF32 && u + 2 < units) prepare();
       WgmmaWait<1>();
-      retire(part0, inv0);
-      issue(part0, inv0, 0);
-      WgmmaWait<1>();
-      retire(part1, inv1);
+      retire(run, run_inv, u);
+    };
+    if (L::kF32) prepare();
+    issue_unit(part0, inv0, 0);
+    if (L::kF32 && units > 1) prepare();
+    // A fixed pair structure, so that each wgmma names one accumulator
+    // array (else ptxas serializes them: warning C7514).
+    int u = 0;
+    for (; u + 2 < units; u += 2) {
+      step(part0, inv0, part1, inv1, u);
+      step(part1, inv1, part0, inv0, u + 1);
     }
-    if (k + 1 < slices) {
-      issue(part1, inv1, 1);
-      WgmmaWait<1>();
-      retire(part0, inv0);
+    if (u + 1 < units) {
+      step(part0, inv0, part1, inv1, u);
       WgmmaWait<0>();
-      retire(part1, inv1);
+      retire(part1, inv1, u + 1);
     } else {
       WgmmaWait<0>();
-      retire(part0, inv0);
+      retire(part0, inv0, u);
     }
     ReduceJob(sum, diag, cols, j, red, parity, g2, trace, maxabs);
     parity ^= 1;
@@ -565,12 +643,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // RVD_FUSED_V4_DEVICE
 }
 
-template <typename T, bool kMutant>
+template <typename T, int kMode>
 cudaError_t LaunchFusedV4T(const void* maps, const MatrixDesc* mats,
                            const FusedJobV2* jobs, int num_jobs, double* g2,
                            double* trace, float* maxabs, cudaStream_t stream) {
   if (num_jobs <= 0) return cudaSuccess;
-  auto* kernel = FusedV4Kernel<T, kMutant>;
+  auto* kernel = FusedV4Kernel<T, kMode>;
   constexpr int smem = Layout<T>::kSmemBytes;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
@@ -584,19 +662,19 @@ cudaError_t LaunchFusedV4T(const void* maps, const MatrixDesc* mats,
   return cudaGetLastError();
 }
 
-template <bool kMutant>
+template <int kMode>
 cudaError_t LaunchFusedV4Dispatch(DType dtype, const void* maps, const MatrixDesc* mats,
                                   const FusedJobV2* jobs, int num_jobs, double* g2,
                                   double* trace, float* maxabs, cudaStream_t stream) {
   switch (dtype) {
     case DType::kBF16:
-      return LaunchFusedV4T<__nv_bfloat16, kMutant>(maps, mats, jobs, num_jobs, g2, trace,
+      return LaunchFusedV4T<__nv_bfloat16, kMode>(maps, mats, jobs, num_jobs, g2, trace,
                                                     maxabs, stream);
     case DType::kF16:
-      return LaunchFusedV4T<__half, kMutant>(maps, mats, jobs, num_jobs, g2, trace, maxabs,
+      return LaunchFusedV4T<__half, kMode>(maps, mats, jobs, num_jobs, g2, trace, maxabs,
                                              stream);
     case DType::kF32:
-      return LaunchFusedV4T<float, kMutant>(maps, mats, jobs, num_jobs, g2, trace, maxabs,
+      return LaunchFusedV4T<float, kMode>(maps, mats, jobs, num_jobs, g2, trace, maxabs,
                                             stream);
   }
   return cudaErrorInvalidValue;

@@ -73,6 +73,15 @@ cudaError_t LaunchFusedV4(DType dtype, const void* maps, const MatrixDesc* mats,
                           const FusedJobV2* jobs, int num_jobs, double* g2,
                           double* trace, float* maxabs, cudaStream_t stream);
 
+// Benchmark hook (rvd_bench_gpu --ab; fused_v4_probe.cu, linked into the
+// bench only): v4 with one part changed, `mode` a fused_v4::Mode (2: every
+// job multiplies its row tile by itself, 3: no loads, 4: 16-bit with one
+// slice per accumulator chain for every Gram, 5: one add per slice, 6: f32
+// without conversion). 4 is exact, the others wrong on purpose.
+cudaError_t LaunchFusedV4Probe(int mode, DType dtype, const void* maps,
+                               const MatrixDesc* mats, const FusedJobV2* jobs, int num_jobs,
+                               double* g2, double* trace, float* maxabs, cudaStream_t stream);
+
 // Test hooks: the mutant launchers (v1 and v2), set by fused_mutant.cu's
 // static initializer in the test binary; nullptr in the product.
 using FusedLauncher = cudaError_t (*)(DType, const MatrixDesc*,
