@@ -371,7 +371,7 @@ constexpr Contender kContenders[] = {
     {"v3", FusedKernel::kV3, 0, true},          {"v4", FusedKernel::kV4, 0, true},
     {"v4-chain1", FusedKernel::kV4, 4, true},   {"v4-b=a", FusedKernel::kV4, 2, false},
     {"v4-noload", FusedKernel::kV4, 3, false},  {"v4-retire1", FusedKernel::kV4, 5, false},
-    {"v4-noconv", FusedKernel::kV4, 6, false},
+    {"v4-noconv", FusedKernel::kV4, 6, false},  {"v4-twopass", FusedKernel::kV4, 7, true},
 };
 
 cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_t s) {
@@ -389,7 +389,7 @@ int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
   auto applies = [](const Contender& v, DType dt, int64_t rows, int64_t cols) {
     if (v.kernel != FusedKernel::kV4) return true;
     const bool f32 = dt == DType::kF32;
-    if (v.v4_mode == 6 && !f32) return false;
+    if ((v.v4_mode == 6 || v.v4_mode == 7) && !f32) return false;
     if (v.v4_mode == 4 && f32) return false;
     return ChooseFusedKernel(9, 0, dt, rows, cols, /*aligned=*/true) == FusedKernel::kV4;
   };

@@ -405,6 +405,42 @@ TEST_F(CudaEngineTest, HugeAndTinyMagnitudesFallBackExactly) {
   EXPECT_GT(engine_->ServedCounts()["oracle_fallback"], 0);
 }
 
+// f32 on v4: a slice's scale is carried over from the slice before and the
+// slice converted again when it does not fit. Column blocks of 64 whose
+// magnitudes jump by 10^3 up and 10^6 down between neighbours: exact, and
+// no matrix left to the oracle. The mutant that keeps a scale that does
+// not fit overflows f16 (hi = Inf, lo = -Inf): its Gram holds NaN, and the
+// call reports non-finite input (run s3-8), or the range test sends the
+// matrices to the oracle, or the checker sees wrong values.
+TEST_F(CudaEngineTest, F32MagnitudeJumpsBetweenSlices) {
+  if (!V4Runs()) GTEST_SKIP() << "fused v4 needs compute capability 9.0";
+  std::vector<StoredMatrix> suite;
+  for (Spectrum sp : kAllSpectra) {
+    std::vector<double> w = MakeMatrix(rng_, 128, 4096, sp);
+    for (int64_t i = 0; i < 128 * 4096; ++i) w[i] *= std::pow(10.0, 3 * ((i % 4096) / 64 % 3) - 3);
+    suite.push_back(Store(w, 128, 4096, DType::kF32, 0, SpectrumName(sp)));
+  }
+  const std::vector<double> ref = Oracle(suite);
+  const int64_t fallbacks = engine_->ServedCounts()["oracle_fallback"];
+  std::vector<double> out = Poisoned(suite.size());
+  ASSERT_TRUE(engine_->ComputePR(Views(suite), {}, absl::MakeSpan(out)).ok());
+  Check(out, ref, suite, "fused");
+  EXPECT_EQ(engine_->ServedCounts()["oracle_fallback"], fallbacks);
+
+  engine_->UseFusedMutantForTest(true);
+  out = Poisoned(suite.size());
+  const absl::Status s = engine_->ComputePR(Views(suite), {}, absl::MakeSpan(out));
+  engine_->UseFusedMutantForTest(false);
+  if (s.ok()) {
+    EXPECT_TRUE(engine_->ServedCounts()["oracle_fallback"] > fallbacks ||
+                CheckPR(out, ref, kExactPrTolerance).mismatches > 0)
+        << "the f32 scale mutant went unnoticed";
+  } else {  // the mutant ran and its Gram held NaN
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("NaN or Inf")) << s;
+  }
+}
+
 TEST_F(CudaEngineTest, MemoryCapIsResourceExhausted) {
   CudaEngineOptions o;
   o.max_device_bytes = 1 << 20;

@@ -1,7 +1,8 @@
 // Test build only: deliberately wrong fused kernels, v1 (tall) and v2
 // (wide): the B operand of every warp tile is read from the row block
 // instead of the column block; v4: the B operand's K offset is one k-step
-// off. One wrong index each. cuda_engine_test runs the
+// off (bf16), or a scale that does not fit is kept (f32). One wrong index
+// or test each. cuda_engine_test runs the
 // same checker against them and expects mismatches, proving that the
 // checker can fail.
 #include "kernels/cuda/fused_kernel.cuh"
@@ -33,9 +34,13 @@ cudaError_t LaunchFusedV2Mutant(DType dtype, const MatrixDesc* mats,
 cudaError_t LaunchFusedV4Mutant(DType dtype, const void* maps, const MatrixDesc* mats,
                                 const FusedJobV2* jobs, int num_jobs, double* g2,
                                 double* trace, float* maxabs, cudaStream_t stream) {
-  if (dtype != DType::kBF16) return cudaErrorNotSupported;  // one instance
-  return fused_v4::LaunchFusedV4T<__nv_bfloat16, fused_v4::kMutant>(maps, mats, jobs, num_jobs, g2,
-                                                       trace, maxabs, stream);
+  if (dtype == DType::kF16) return cudaErrorNotSupported;  // bf16 and f32 instances
+  if (dtype == DType::kF32) {
+    return fused_v4::LaunchFusedV4T<float, fused_v4::kMutant>(maps, mats, jobs, num_jobs, g2,
+                                                              trace, maxabs, stream);
+  }
+  return fused_v4::LaunchFusedV4T<__nv_bfloat16, fused_v4::kMutant>(maps, mats, jobs, num_jobs,
+                                                                    g2, trace, maxabs, stream);
 }
 
 const bool kRegistered = [] {

@@ -10,10 +10,10 @@
 // 128x4096 bf16, against a 0.12 ms floor). Here one thread issues all loads
 // (one TMA copy per 128 x 64 tile) and each warpgroup issues 4 wgmma per
 // 64-wide K-slice instead of ~40 mma.sync per warp.
-// H200 (NOTES.md, fused v4; kernel + finalize, v3 -> v4): 480 x 128x4096
-// bf16 0.36 -> 0.136-0.139 ms (floor 0.119), f32 1.73 -> 0.37-0.39 (floor
-// 0.238), 256 x 128x4096 bf16 0.19 -> 0.075-0.078, 32 x 1024x4096 bf16
-// 0.95 -> 0.25-0.28.
+// H200 (NOTES.md, fused v4; kernel + finalize, v3 -> v4, A-B medians of
+// run s3-9): 480 x 128x4096 bf16 0.36 -> 0.142 ms (floor 0.119), f32 1.73 ->
+// 0.40 (floor 0.238), 256 x 128x4096 bf16 0.19 -> 0.076, 32 x 1024x4096
+// bf16 0.97 -> 0.28.
 //
 // Work split. A job is a 128 x 128 tile (row0, col0) of one Gram, col0 >=
 // row0 (launch_policy.h, FusedJobV2 with col_tile 128). A diagonal job
@@ -30,12 +30,13 @@
 //     (it is both operands), an off-diagonal job two.
 //   consumer warpgroup c: Gram rows 64c .. 64c+63 of the tile, all 128
 //     columns (wgmma m64n128k16, A and B from shared memory, K-major).
-//     Per slice: 4 chained wgmma starting from zero (scale-d = 0) into one
-//     of two accumulator sets; while they run, the previous slice's set is
-//     added into the running f32 sums with round to nearest (the tensor
-//     cores' accumulation truncates: NOTES.md, v1 and v3; chains of 4
-//     k-steps keep the PR within ~1e-7) and its stage freed (each warp
-//     arrives on `empty[s]`).
+//     Per slice (two slices for 16-bit Grams of side > 128): a chain of 4
+//     (8) wgmma starting from zero (scale-d = 0) into one of two
+//     accumulator sets; while they run, the previous chain's set is added
+//     into the running f32 sums with round to nearest (the tensor cores'
+//     accumulation truncates: NOTES.md, v1 and v3; chains of 4 and 8
+//     k-steps keep the PR within 2e-7 and 5e-7) and its stages freed (each
+//     warp arrives on `empty[s]`).
 // Epilogue per job: sum of squares of the 64 running sums per thread in
 // float64, the diagonal entries' sum (||W||_F^2 = trace G, as v3: its
 // truncation bias matches ||G||^2's and cancels in t^2 / g) and largest
@@ -91,7 +92,10 @@ struct Layout {
   static constexpr int kConvBytes = kConvSets * 2 * kHalfTileBytes;
   static constexpr int kBarrierOffset = kConvOffset + kConvBytes;
   static constexpr int kReduceOffset = kBarrierOffset + 2 * kStages * 8;
-  static constexpr int kSmemBytes = 1024 + kReduceOffset + 2 * kConsumerWarps * 24 + 64;
+  // Epilogue partials (2 sets x 3 doubles per warp), then 3 x 8 words of
+  // per-warp maxima (f32's scales).
+  static constexpr int kSmemBytes = 1024 + kReduceOffset + 2 * kConsumerWarps * 24 +
+                                    3 * kConsumerWarps * 4 + 64;
 };
 
 // The kernel's purpose, a template argument: the product runs kLive, the
@@ -99,16 +103,19 @@ struct Layout {
 // (fused_v4_probe.cu) the kernel with one part changed, to place its time.
 enum Mode : int {
   kLive,
-  // The last k-step of each slice reads B at the slice's first k-step (one
-  // wrong index): a Gram that is wrong yet plausible (about 3/4 of W W^T),
-  // which the finalize's range test does not turn into a fallback; the
-  // checks against the oracle must catch it.
+  // 16-bit: the last k-step of each slice reads B at the slice's first
+  // k-step (one wrong index): a Gram that is wrong yet plausible (about 3/4
+  // of W W^T), which the finalize's range test does not turn into a
+  // fallback; the checks against the oracle must catch it. f32: a slice
+  // keeps the scale carried over from the one before even when it does not
+  // fit (its hi overflows when the magnitude jumps up).
   kMutant,
   kProbeBIsA,      // every job loads and multiplies its row tile only
   kProbeNoLoad,    // the producer signals stages without loading them
   kProbeChain1,    // 16-bit: one slice per accumulator chain for every Gram
   kProbeRetire1,   // one add per finished slice instead of 64
   kProbeNoConvert, // f32: the stages are not converted (wrong)
+  kProbeTwoPass,   // f32: every slice's scale from its own first read
 };
 
 // setmaxnreg moves registers between the warpgroups of a block launched
@@ -127,6 +134,10 @@ static_assert(kPolicy.k_slice_bytes == kSliceK * 2);
 static_assert(kPolicy.stages == Layout<__nv_bfloat16>::kStages &&
               kPolicy.stages_offdiag == Layout<__nv_bfloat16>::kStages);
 static_assert(kPolicy.chain_ksteps == kSliceK / 16 && kPolicy.chain_ksteps_f32 == kSliceK / 16);
+// Slices per accumulator chain of a 16-bit Gram of side > 128 (the
+// consumer loop is written for 1 or 2).
+constexpr int kLargeChainSlices = kPolicy.chain_ksteps_large / (kSliceK / 16);
+static_assert(kLargeChainSlices == 2 && kPolicy.chain_ksteps_large % (kSliceK / 16) == 0);
 static_assert(kPolicy.f32_split == 2);  // hi hi^T + hi (2 lo)^T
 static_assert(kPolicy.blocks_per_sm == 1);
 
@@ -387,9 +398,17 @@ __device__ __forceinline__ void ReduceJob(const float (&sum)[64], bool diag, int
 //   sum (P + 2X)_ij^2 = sum G_ij^2 + sum (X_ij - X_ji)^2    (P symmetric),
 // the last term second order in the rounding residuals (like the lo lo^T
 // that 3xTF32 drops): one product fewer than hi hi^T + hi lo^T + lo hi^T.
-// The conversion: ScaleOfTile reads the tile once for its largest |w| (a
-// block-wide max), then ConvertTask q writes float4s tid + 256 q of it as
-// hi and 2 lo, in the 128B-swizzle layout wgmma reads.
+//
+// The scale of a slice after a job's first is the exact scale of the slice
+// before (its largest |w| comes out of the conversion and the barrier that
+// follows it), kept when the slice's own largest |w| w_max fits under it:
+// 2^10 <= w_max s < 65504 (no overflow in hi; at most 4 bits of headroom
+// lost, so lo stays normal for all but entries 2^-13 below w_max). Else
+// the slice is converted again at its exact scale (rare: a jump in
+// magnitude between neighbouring slices). Power-of-2 scales are exact, so
+// the products do not depend on which admissible scale was used beyond
+// subnormal residuals; the choice depends on the matrix alone
+// (deterministic). One read of the tile instead of two (run s3-8).
 constexpr int kConvertTasks = kTile * kSliceK / 4 / (128 * kConsumers);  // float4s per thread
 
 struct TileScale {
@@ -398,35 +417,51 @@ struct TileScale {
                 // f32 Gram anyway, and the finalize then falls back
 };
 
-__device__ __forceinline__ TileScale ScaleOfTile(const float* src, uint32_t* red_max) {
-  const int tid = threadIdx.x, lane = tid % 32;
-  // Task q: float4 t = tid + 256 q of the tile: row t / 16, floats
-  // 4 (t % 16) .. + 3; each 8 lanes read 128 contiguous bytes. The tile is
-  // read again by ConvertTask: holding it in registers spilled (two
-  // accumulator sets and the sums are live).
-  const float4* tile = reinterpret_cast<const float4*>(src);
-  uint32_t mx = 0;
-#pragma unroll
-  for (int q = 0; q < kConvertTasks; ++q) {
-    const float4 v = tile[tid + 128 * kConsumers * q];
-    mx = max(mx, __float_as_uint(v.x) & 0x7fffffffu);
-    mx = max(mx, __float_as_uint(v.y) & 0x7fffffffu);
-    mx = max(mx, __float_as_uint(v.z) & 0x7fffffffu);
-    mx = max(mx, __float_as_uint(v.w) & 0x7fffffffu);
-  }
-  mx = __reduce_max_sync(0xffffffffu, mx);
-  if (lane == 0) red_max[tid / 32] = mx;
-  asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
-#pragma unroll
-  for (int w = 0; w < kConsumerWarps; ++w) mx = max(mx, red_max[w]);
-  // s = 2^(e - 127) with e = 268 - biased exponent of max |w|, in [64, 254].
-  int e = 268 - static_cast<int>(mx >> 23);
+// The scale that puts w_max (its f32 bits in `max_bits`) in [2^14, 2^15):
+// s = 2^(e - 127) with e = 268 - biased exponent, clamped to [64, 254].
+__device__ __forceinline__ TileScale ExactScale(uint32_t max_bits) {
+  int e = 268 - static_cast<int>(max_bits >> 23);
   e = e < 64 ? 64 : (e > 254 ? 254 : e);
   return {__uint_as_float(static_cast<uint32_t>(e) << 23), ldexpf(1.0f, 254 - 2 * e)};
 }
 
-__device__ __forceinline__ void ConvertTask(const float* src, float scale, uint32_t hi,
-                                            uint32_t lo, int q) {
+__device__ __forceinline__ bool ScaleFits(uint32_t max_bits, float scale) {
+  const float x = __uint_as_float(max_bits) * scale;
+  return max_bits == 0 || (x >= 1024.0f && x < 65504.0f);  // NaN: false
+}
+
+// The block-wide max of the per-warp maxima in `slot` (after a barrier).
+__device__ __forceinline__ uint32_t BlockMax(const uint32_t* slot) {
+  uint32_t mx = 0;
+#pragma unroll
+  for (int w = 0; w < kConsumerWarps; ++w) mx = max(mx, slot[w]);
+  return mx;
+}
+
+__device__ __forceinline__ uint32_t AbsBits(float4 v) {
+  return max(max(__float_as_uint(v.x) & 0x7fffffffu, __float_as_uint(v.y) & 0x7fffffffu),
+             max(__float_as_uint(v.z) & 0x7fffffffu, __float_as_uint(v.w) & 0x7fffffffu));
+}
+
+// A job's first slice: one read of the tile for its largest |w|.
+__device__ __forceinline__ TileScale ScaleOfTile(const float* src, uint32_t* slot) {
+  const int tid = threadIdx.x, lane = tid % 32;
+  // Task q: float4 t = tid + 256 q of the tile: row t / 16, floats
+  // 4 (t % 16) .. + 3; each 8 lanes read 128 contiguous bytes.
+  const float4* tile = reinterpret_cast<const float4*>(src);
+  uint32_t mx = 0;
+#pragma unroll
+  for (int q = 0; q < kConvertTasks; ++q) mx = max(mx, AbsBits(tile[tid + 128 * kConsumers * q]));
+  mx = __reduce_max_sync(0xffffffffu, mx);
+  if (lane == 0) slot[tid / 32] = mx;
+  asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
+  return ExactScale(BlockMax(slot));
+}
+
+// Writes float4 tid + 256 q of the tile as hi and 2 lo; returns its |w| max
+// (f32 bits).
+__device__ __forceinline__ uint32_t ConvertTask(const float* src, float scale, uint32_t hi,
+                                                uint32_t lo, int q) {
   const int t = threadIdx.x + 128 * kConsumers * q;
   const int row = t / 16, h = t % 16;
   const float4 v = reinterpret_cast<const float4*>(src)[t];
@@ -444,6 +479,7 @@ __device__ __forceinline__ void ConvertTask(const float* src, float scale, uint3
   asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(lo + at),
                "r"(*reinterpret_cast<uint32_t*>(&l01)), "r"(*reinterpret_cast<uint32_t*>(&l23))
                : "memory");
+  return AbsBits(v);
 }
 
 #endif  // RVD_FUSED_V4_DEVICE
@@ -510,7 +546,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const FusedJobV2 job = jobs[j];
     const int cols = mats[job.matrix].cols;
     const int slices = (cols + kSliceK - 1) / kSliceK;
-    const int chain = kSixteen && kMode != kProbeChain1 && mats[job.matrix].n > kTile ? 2 : 1;
+    const int chain =
+        kSixteen && kMode != kProbeChain1 && mats[job.matrix].n > kTile ? kLargeChainSlices : 1;
     const int units = (slices + chain - 1) / chain;
     const bool diag = job.diagonal != 0;
     const bool one_tile = diag || kMode == kProbeBIsA;
@@ -525,6 +562,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // set, 2 lo at + kHalfTileBytes) and, f32, its s^-2.
     uint32_t ready = 0;
     float ready_inv = 1.0f;
+    int converted = 0;                // f32: slices of this job converted
+    TileScale next_scale{1.0f, 1.0f};  // f32: the exact scale of the last
     auto prepare = [&] {
       MbarWait(full0 + 8 * next, next_phase);
       const uint32_t stage = tiles + next * L::kStageBytes;
@@ -536,19 +575,41 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t hi = tiles + L::kConvOffset + conv * 2 * kHalfTileBytes;
         if (++conv == L::kConvSets) conv = 0;
         const float* src = reinterpret_cast<const float*>(base + (stage - tiles));
-        if constexpr (kMode != kProbeNoConvert) {
-          const TileScale ts = ScaleOfTile(src, red_max);
-          ready_inv = ts.inv;
+        // Converts at `ts`, then waits until every consumer has written
+        // its part of the set; returns the slice's largest |w| (bits).
+        auto convert = [&](const TileScale& ts) {
+          uint32_t mx = 0;
 #pragma unroll
           for (int q = 0; q < kConvertTasks; ++q) {
-            ConvertTask(src, ts.scale, hi, hi + kHalfTileBytes, q);
+            mx = max(mx, ConvertTask(src, ts.scale, hi, hi + kHalfTileBytes, q));
           }
+          // Two slots, alternating: a warp may write the next slice's
+          // maximum before a slower one has read this one's.
+          uint32_t* slot = red_max + kConsumerWarps * (1 + (converted & 1));
+          mx = __reduce_max_sync(0xffffffffu, mx);
+          if (lane == 0) slot[warp] = mx;
+          // The tensor cores read the set through the async proxy.
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
+          return BlockMax(slot);
+        };
+        if constexpr (kMode != kProbeNoConvert) {
+          const bool exact = converted == 0 || kMode == kProbeTwoPass;
+          TileScale ts = exact ? ScaleOfTile(src, red_max) : next_scale;
+          const uint32_t mx = convert(ts);
+          next_scale = ExactScale(mx);
+          // (The f32 mutant keeps a scale that does not fit.)
+          if (!exact && kMode != kMutant && !ScaleFits(mx, ts.scale)) {  // uniform
+            // (Converting again rewrites the same maxima into the slot.)
+            ts = next_scale;
+            convert(ts);
+          }
+          ready_inv = ts.inv;
+        } else {
+          asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
         }
-        // The tensor cores read the set through the async proxy.
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        ++converted;
         free_stage();
-        // Every consumer has written its part of the set.
-        asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
         ready = hi;
       } else {
         ready = stage;
@@ -562,7 +623,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint32_t b = L::kF32 || one_tile ? ready : ready + L::kTileBytes;
 #pragma unroll
       for (int kk = 0; kk < kSliceK / 16; ++kk) {
-        const int kb = kMode == kMutant && kk == kSliceK / 16 - 1 ? 0 : kk;
+        const int kb = kMode == kMutant && !L::kF32 && kk == kSliceK / 16 - 1 ? 0 : kk;
         const uint64_t da = SwizzledDesc(a + 32 * kk), db = SwizzledDesc(b + 32 * kb);
         if (kk == 0 && fresh) {
           WgmmaM64N128K16<MmaT, true>(part, da, db);

@@ -23,7 +23,11 @@ cudaError_t LaunchFusedV4Probe(int mode, DType dtype, const void* maps,
       if (f32) return cudaErrorInvalidValue;
       return v4::LaunchFusedV4Dispatch<v4::kProbeChain1>(dtype, maps, mats, jobs, num_jobs, g2,
                                                          trace, maxabs, stream);
-    case v4::kProbeNoConvert:  // f32's pipeline
+    case v4::kProbeTwoPass:  // f32's pipeline, as the next
+      if (!f32) return cudaErrorInvalidValue;
+      return v4::LaunchFusedV4T<float, v4::kProbeTwoPass>(maps, mats, jobs, num_jobs, g2, trace,
+                                                          maxabs, stream);
+    case v4::kProbeNoConvert:
       if (!f32) return cudaErrorInvalidValue;
       return v4::LaunchFusedV4T<float, v4::kProbeNoConvert>(maps, mats, jobs, num_jobs, g2,
                                                             trace, maxabs, stream);

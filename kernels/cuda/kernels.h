@@ -77,7 +77,8 @@ cudaError_t LaunchFusedV4(DType dtype, const void* maps, const MatrixDesc* mats,
 // bench only): v4 with one part changed, `mode` a fused_v4::Mode (2: every
 // job multiplies its row tile by itself, 3: no loads, 4: 16-bit with one
 // slice per accumulator chain for every Gram, 5: one add per slice, 6: f32
-// without conversion). 4 is exact, the others wrong on purpose.
+// without conversion, 7: f32 with every slice's scale from a read of its
+// own). 4 and 7 are exact, the others wrong on purpose.
 cudaError_t LaunchFusedV4Probe(int mode, DType dtype, const void* maps,
                                const MatrixDesc* mats, const FusedJobV2* jobs, int num_jobs,
                                double* g2, double* trace, float* maxabs, cudaStream_t stream);
