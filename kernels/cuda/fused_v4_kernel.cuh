@@ -563,7 +563,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t ready = 0;
     float ready_inv = 1.0f;
     int converted = 0;                // f32: slices of this job converted
-    TileScale next_scale{1.0f, 1.0f};  // f32: the exact scale of the last
+    TileScale next_scale{1.0f, 1.0f};  // f32: the last slice's exact scale
     auto prepare = [&] {
       MbarWait(full0 + 8 * next, next_phase);
       const uint32_t stage = tiles + next * L::kStageBytes;
