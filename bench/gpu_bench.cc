@@ -364,18 +364,22 @@ int Probe(cudaStream_t stream, int reps, nlohmann::json* out) {
 struct Contender {
   const char* name;
   FusedKernel kernel;
-  int v4_mode;  // 0: the live kernel; else a fused_v4::Mode probe
+  fused_v4::Mode v4_mode;  // kLive: the live kernel; else a probe
   bool exact;
 };
 constexpr Contender kContenders[] = {
-    {"v3", FusedKernel::kV3, 0, true},          {"v4", FusedKernel::kV4, 0, true},
-    {"v4-chain1", FusedKernel::kV4, 4, true},   {"v4-b=a", FusedKernel::kV4, 2, false},
-    {"v4-noload", FusedKernel::kV4, 3, false},  {"v4-retire1", FusedKernel::kV4, 5, false},
-    {"v4-noconv", FusedKernel::kV4, 6, false},  {"v4-twopass", FusedKernel::kV4, 7, true},
+    {"v3", FusedKernel::kV3, fused_v4::kLive, true},
+    {"v4", FusedKernel::kV4, fused_v4::kLive, true},
+    {"v4-chain1", FusedKernel::kV4, fused_v4::kProbeChain1, true},
+    {"v4-b=a", FusedKernel::kV4, fused_v4::kProbeBIsA, false},
+    {"v4-noload", FusedKernel::kV4, fused_v4::kProbeNoLoad, false},
+    {"v4-retire1", FusedKernel::kV4, fused_v4::kProbeRetire1, false},
+    {"v4-noconv", FusedKernel::kV4, fused_v4::kProbeNoConvert, false},
+    {"v4-twopass", FusedKernel::kV4, fused_v4::kProbeTwoPass, true},
 };
 
 cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_t s) {
-  if (v.v4_mode == 0) return RunPrepared(f, s);
+  if (v.v4_mode == fused_v4::kLive) return RunPrepared(f, s);
   const cudaError_t e = LaunchFusedV4Probe(v.v4_mode, f.dtype, f.maps, f.desc, f.jobs2,
                                            f.num_jobs, f.g2, f.tr, f.mx, s);
   if (e != cudaSuccess) return e;
@@ -389,8 +393,10 @@ int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
   auto applies = [](const Contender& v, DType dt, int64_t rows, int64_t cols) {
     if (v.kernel != FusedKernel::kV4) return true;
     const bool f32 = dt == DType::kF32;
-    if ((v.v4_mode == 6 || v.v4_mode == 7) && !f32) return false;
-    if (v.v4_mode == 4 && f32) return false;
+    const bool f32_only = v.v4_mode == fused_v4::kProbeNoConvert ||
+                          v.v4_mode == fused_v4::kProbeTwoPass;
+    if (f32_only && !f32) return false;
+    if (v.v4_mode == fused_v4::kProbeChain1 && f32) return false;
     return ChooseFusedKernel(9, 0, dt, rows, cols, /*aligned=*/true) == FusedKernel::kV4;
   };
   std::mt19937_64 rng(11);

@@ -98,25 +98,7 @@ struct Layout {
                                     3 * kConsumerWarps * 4 + 64;
 };
 
-// The kernel's purpose, a template argument: the product runs kLive, the
-// GPU test a deliberately wrong kernel, the bench's probes
-// (fused_v4_probe.cu) the kernel with one part changed, to place its time.
-enum Mode : int {
-  kLive,
-  // 16-bit: the last k-step of each slice reads B at the slice's first
-  // k-step (one wrong index): a Gram that is wrong yet plausible (about 3/4
-  // of W W^T), which the finalize's range test does not turn into a
-  // fallback; the checks against the oracle must catch it. f32: a slice
-  // keeps the scale carried over from the one before even when it does not
-  // fit (its hi overflows when the magnitude jumps up).
-  kMutant,
-  kProbeBIsA,      // every job loads and multiplies its row tile only
-  kProbeNoLoad,    // the producer signals stages without loading them
-  kProbeChain1,    // 16-bit: one slice per accumulator chain for every Gram
-  kProbeRetire1,   // one add per finished slice instead of 64
-  kProbeNoConvert, // f32: the stages are not converted (wrong)
-  kProbeTwoPass,   // f32: every slice's scale from its own first read
-};
+// The kernel's purpose (Mode, a template argument): kernels.h.
 
 // setmaxnreg moves registers between the warpgroups of a block launched
 // with 168 each (384 threads): the consumers' increase must equal what the

@@ -5,7 +5,7 @@
 
 namespace rvd::cuda {
 
-cudaError_t LaunchFusedV4Probe(int mode, DType dtype, const void* maps,
+cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const void* maps,
                                const MatrixDesc* mats, const FusedJobV2* jobs, int num_jobs,
                                double* g2, double* trace, float* maxabs, cudaStream_t stream) {
   namespace v4 = fused_v4;
