@@ -359,8 +359,8 @@ int Probe(cudaStream_t stream, int reps, nlohmann::json* out) {
 // (max - min).
 //
 // Besides the live kernels, v4's probes (kernels.h, LaunchFusedV4Probe):
-// exact ones ("v4-lead1") take part in both tables, the others (wrong on
-// purpose) in the timing only.
+// exact ones ("v4-chain1", "v4-twopass") take part in both tables, the
+// others (wrong on purpose) in the timing only.
 struct Contender {
   const char* name;
   FusedKernel kernel;

@@ -53,5 +53,5 @@ step gpu_ab 120 "$stage/bin/rvd_bench_gpu" --ab --reps 30 --json "$OUT/gpu_ab.js
 step e2e_gpu 120 python3 bench/e2e_gpu.py --rounds 5
 step torch_peers 180 bash -c "python3 bench/torch_peers.py > '$OUT/torch_peers.json'"
 cat "$OUT/torch_peers.json" 2>/dev/null
-grep -h '^{' "$OUT/e2e_gpu.log" > "$OUT/e2e_gpu.json" || true
+[[ -f "$OUT/e2e_gpu.log" ]] && grep -h '^{' "$OUT/e2e_gpu.log" > "$OUT/e2e_gpu.json"
 exit $rc

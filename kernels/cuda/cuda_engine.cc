@@ -1064,6 +1064,12 @@ void CudaEngine::Release(Context* ctx) {
   free_.push_back(ctx);
 }
 
+void CudaEngine::DrainAndRelease(Context* ctx) {
+  cudaStreamSynchronize(ctx->stream);  // its buffers idle before reuse
+  ctx->pending = 0;
+  Release(ctx);
+}
+
 absl::Status CudaEngine::Charge(uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   if (held_bytes_ + bytes > options_.max_device_bytes) {
@@ -1292,11 +1298,7 @@ absl::Status CudaEngine::ComputeShared(absl::Span<const MatrixView> batch,
   Context* ctx = Acquire(true);
   absl::Status status;
   {
-    auto release = absl::MakeCleanup([&] {
-      cudaStreamSynchronize(ctx->stream);
-      ctx->pending = 0;
-      Release(ctx);
-    });
+    auto release = absl::MakeCleanup([&] { DrainAndRelease(ctx); });
     status = ctx->EnsureDevice(ctx->shared, r.device_bytes);
     if (status.code() == absl::StatusCode::kResourceExhausted) {
       // Other contexts hold the cap now: the packed path needs less.
@@ -1429,11 +1431,7 @@ absl::Status CudaEngine::ComputePRDevice(
   Context* ctx = Acquire(true);
   absl::Status status;
   {
-    auto release = absl::MakeCleanup([&] {
-      cudaStreamSynchronize(ctx->stream);
-      ctx->pending = 0;
-      Release(ctx);
-    });
+    auto release = absl::MakeCleanup([&] { DrainAndRelease(ctx); });
     cudaEvent_t ready = nullptr;
     status = cuda_internal::ToStatus(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming),
                       "cudaEventCreateWithFlags", __FILE__, __LINE__);

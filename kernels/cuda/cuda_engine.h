@@ -89,6 +89,8 @@ class CudaEngine : public Engine {
   // none is free.
   Context* Acquire(bool wait);
   void Release(Context* ctx);
+  // Waits for ctx's stream, drops what it had pending, and releases it.
+  void DrainAndRelease(Context* ctx);
 
   // Charges `bytes` of device memory to the cap, or fails.
   absl::Status Charge(uint64_t bytes);
