@@ -22,11 +22,12 @@
 // 50, 200, Hutchinson and Hutch++; sketch r = 16, 128) over four spectrum
 // families: mean and p95 relative error vs the oracle.
 //
-//   build/bin/rvd_bench_gpu [--json PATH] [--reps N] [--quick] [--probe] [--ab]
+//   build/bin/rvd_bench_gpu [--json PATH] [--reps N] [--quick] [--probe] [--ab] [--ncu]
 // (--probe: the v3 kernel alone with parts left out or K split across
 // blocks, to place its time; see Probe below. --ab: the wide kernels v3
 // and v4, and v4's probes, from this one binary: accuracy per dtype and
-// spectrum family first, then interleaved timing; see AB below)
+// spectrum family first, then interleaved timing; see AB below. --ncu: the
+// --ab cases launched twice each by v4, for ncu to profile)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -55,6 +56,12 @@
 #include "nlohmann/json.hpp"
 
 namespace rvd::cuda {
+
+// Session 3's v4 (fused_v4_s3_probe.cu), for one A-B.
+cudaError_t LaunchFusedV4Session3(DType dtype, const void* maps, const MatrixDesc* mats,
+                                  const FusedJobV2* jobs, int num_jobs, double* g2,
+                                  double* trace, float* maxabs, cudaStream_t stream);
+
 namespace {
 
 #define BENCH_CHECK(expr)                                                  \
@@ -359,55 +366,58 @@ int Probe(cudaStream_t stream, int reps, nlohmann::json* out) {
 // (max - min).
 //
 // Besides the live kernels, v4's probes (kernels.h, LaunchFusedV4Probe):
-// exact ones ("v4-chain1", "v4-twopass") take part in both tables, the
+// the exact one ("v4-chain1") takes part in both tables, the
 // others (wrong on purpose) in the timing only.
 struct Contender {
   const char* name;
   FusedKernel kernel;
   fused_v4::Mode v4_mode;  // kLive: the live kernel; else a probe
   bool exact;
+  bool session3 = false;  // session 3's v4 (fused_v4_s3_probe.cu)
 };
 constexpr Contender kContenders[] = {
     {"v3", FusedKernel::kV3, fused_v4::kLive, true},
     {"v4", FusedKernel::kV4, fused_v4::kLive, true},
+    {"v4-s3", FusedKernel::kV4, fused_v4::kLive, true, true},
     {"v4-chain1", FusedKernel::kV4, fused_v4::kProbeChain1, true},
     {"v4-b=a", FusedKernel::kV4, fused_v4::kProbeBIsA, false},
     {"v4-noload", FusedKernel::kV4, fused_v4::kProbeNoLoad, false},
     {"v4-retire1", FusedKernel::kV4, fused_v4::kProbeRetire1, false},
     {"v4-noconv", FusedKernel::kV4, fused_v4::kProbeNoConvert, false},
-    {"v4-twopass", FusedKernel::kV4, fused_v4::kProbeTwoPass, true},
 };
 
 cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_t s) {
-  if (v.v4_mode == fused_v4::kLive) return RunPrepared(f, s);
-  const cudaError_t e = LaunchFusedV4Probe(v.v4_mode, f.dtype, f.maps, f.desc, f.jobs2,
-                                           f.num_jobs, f.g2, f.tr, f.mx, s);
+  if (v.v4_mode == fused_v4::kLive && !v.session3) return RunPrepared(f, s);
+  const cudaError_t e =
+      v.session3 ? LaunchFusedV4Session3(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs, f.g2,
+                                         f.tr, f.mx, s)
+                 : LaunchFusedV4Probe(v.v4_mode, f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs,
+                                      f.g2, f.tr, f.mx, s);
   if (e != cudaSuccess) return e;
   return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
 }
 
-int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
-  constexpr int kV = sizeof(kContenders) / sizeof(kContenders[0]);
-  // v4 only where it would serve on an H200 (f32: Gram side <= 128); some
-  // probes change f32's pipeline only, others the 16-bit work shapes.
-  auto applies = [](const Contender& v, DType dt, int64_t rows, int64_t cols) {
-    if (v.kernel != FusedKernel::kV4) return true;
-    const bool f32 = dt == DType::kF32;
-    const bool f32_only = v.v4_mode == fused_v4::kProbeNoConvert ||
-                          v.v4_mode == fused_v4::kProbeTwoPass;
-    if (f32_only && !f32) return false;
-    if (v.v4_mode == fused_v4::kProbeChain1 && f32) return false;
-    return ChooseFusedKernel(9, 0, dt, rows, cols, /*aligned=*/true) == FusedKernel::kV4;
-  };
-  std::mt19937_64 rng(11);
-  nlohmann::json acc = nlohmann::json::array();
+// v4 only where it would serve on an H200 (f32: Gram side <= 128); some
+// probes change f32's pipeline only, others the 16-bit work shapes.
+bool Applies(const Contender& v, DType dt, int64_t rows, int64_t cols) {
+  if (v.kernel != FusedKernel::kV4) return true;
+  const bool f32 = dt == DType::kF32;
+  if (v.v4_mode == fused_v4::kProbeNoConvert && !f32) return false;
+  if (v.v4_mode == fused_v4::kProbeChain1 && f32) return false;
+  return ChooseFusedKernel(9, 0, dt, rows, cols, /*aligned=*/true) == FusedKernel::kV4;
+}
+
+// Each exact contender x dtype x spectrum family on 128x4096, 256x4096 and
+// 1000x3001, 4 matrices each: max rel error vs the oracle into *acc.
+// *all_ok: whether every one was within the tolerance. Returns non-zero on
+// a CUDA or oracle error.
+int ABAccuracy(cudaStream_t stream, std::mt19937_64& rng, nlohmann::json* acc, bool* all_ok) {
   std::printf("\nab accuracy: max rel err vs float64 SVD oracle (4 matrices each)\n");
   std::printf("%-5s %-10s %-9s", "dtype", "shape", "spectrum");
   for (const Contender& v : kContenders) {
     if (v.exact) std::printf(" %12s", v.name);
   }
   std::printf("\n");
-  bool all_ok = true;
   struct Sh {
     int64_t rows, cols;
   };
@@ -438,7 +448,7 @@ int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
                     SpectrumName(sp));
         for (const Contender& v : kContenders) {
           if (!v.exact) continue;
-          if (!applies(v, dt, rows, cols)) {
+          if (!Applies(v, dt, rows, cols)) {
             std::printf(" %12s", "n/a");
             continue;
           }
@@ -451,9 +461,9 @@ int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
                                       cudaMemcpyDeviceToHost, stream));
           BENCH_CHECK(cudaStreamSynchronize(stream));
           const CheckResult r = CheckPR(got, ref, kExactPrTolerance);
-          all_ok &= r.mismatches == 0;
+          *all_ok &= r.mismatches == 0;
           std::printf(" %11.2e%s", r.max_rel_error, r.mismatches ? "!" : " ");
-          acc.push_back({{"kernel", v.name}, {"dtype", DTypeName(dt)}, {"rows", rows},
+          acc->push_back({{"kernel", v.name}, {"dtype", DTypeName(dt)}, {"rows", rows},
                          {"cols", cols}, {"spectrum", SpectrumName(sp)},
                          {"max_rel_err", r.max_rel_error}, {"mismatches", r.mismatches}});
         }
@@ -462,6 +472,17 @@ int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
       }
     }
   }
+  return 0;
+}
+
+// profile (--ncu): no accuracy table and no timing; v4 and the v4 copies
+// (not the probes) launched twice per case, for a profiler to read.
+int AB(cudaStream_t stream, int reps, bool profile, nlohmann::json* out) {
+  constexpr int kV = sizeof(kContenders) / sizeof(kContenders[0]);
+  std::mt19937_64 rng(11);
+  nlohmann::json acc = nlohmann::json::array();
+  bool all_ok = true;
+  if (!profile && ABAccuracy(stream, rng, &acc, &all_ok) != 0) return 1;
   (*out)["ab_accuracy"] = acc;
   const std::vector<Case> cases = {{480, 128, 4096, DType::kF32, "ab"},
                                    {480, 128, 4096, DType::kBF16, "ab"},
@@ -480,11 +501,22 @@ int AB(cudaStream_t stream, int reps, nlohmann::json* out) {
     if (Build(c, rng, &in, /*oracle=*/false) != 0) return 1;
     std::vector<std::vector<FusedPrepared>> prep(kV);
     for (int v = 0; v < kV; ++v) {
-      if (!applies(kContenders[v], c.dtype, c.rows, c.cols)) continue;
+      if (!Applies(kContenders[v], c.dtype, c.rows, c.cols)) continue;
       prep[v] = std::vector<FusedPrepared>(3);
       for (int s = 0; s < 3; ++s) {
         if (Prepare(in.sets[s], &prep[v][s], kContenders[v].kernel) != 0) return 1;
       }
+    }
+    if (profile) {
+      for (int v = 0; v < kV; ++v) {
+        const Contender& k = kContenders[v];
+        if (prep[v].empty() || k.kernel != FusedKernel::kV4 || k.v4_mode != fused_v4::kLive) {
+          continue;
+        }
+        for (int r = 0; r < 2; ++r) BENCH_CHECK(RunContender(prep[v][r], k, stream));
+        BENCH_CHECK(cudaStreamSynchronize(stream));
+      }
+      continue;
     }
     std::vector<std::vector<double>> med(kV);
     for (int round = 0; round < kRounds; ++round) {
@@ -556,7 +588,7 @@ int TimeQueued(const std::function<cudaError_t(int)>& launch, int reps, double w
 int Main(int argc, char** argv) {
   std::string json_path;
   int reps = 50;
-  bool quick = false, probe = false, ab = false;
+  bool quick = false, probe = false, ab = false, ncu = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
@@ -565,8 +597,10 @@ int Main(int argc, char** argv) {
     else if (a == "--quick") quick = true;
     else if (a == "--probe") probe = true;
     else if (a == "--ab") ab = true;
+    else if (a == "--ncu") ab = ncu = true;
     else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--reps N] [--quick] [--probe] [--ab]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--json PATH] [--reps N] [--quick] [--probe] [--ab] [--ncu]\n",
                    argv[0]);
       return 2;
     }
@@ -618,7 +652,7 @@ int Main(int argc, char** argv) {
   std::printf("copy ceiling (D2D, read + write): %.3f TB/s\n\n", copy_tbps);
   out["copy_TBps"] = copy_tbps;
   if (ab) {
-    const int rc = AB(stream, reps, &out);
+    const int rc = AB(stream, reps, ncu, &out);
     if (!json_path.empty()) std::ofstream(json_path) << out.dump(2);
     return rc;
   }

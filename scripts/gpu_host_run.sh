@@ -10,6 +10,8 @@
 #   gpu_ab.{json,log}         rvd_bench_gpu --ab: fused v3 and v4 side by side
 #   e2e_gpu.{json,log}        a copy-mode measurement through the daemon
 #   torch_peers.{json,log}    the PyTorch peers (bench/torch_peers.py)
+#   ncu.tgz                   ncu's sections for v4 on the --ab cases
+#                             (rvd_bench_gpu --ncu): details.csv, raw.csv
 # Exit status: non-zero if any step failed (every step still runs).
 # RVD_STEPS="cuda_engine_test gpu_ab" runs only the steps named.
 set -uo pipefail
@@ -51,6 +53,7 @@ step integration_gpu 120 python3 -m pytest -q -p no:cacheprovider tests/gpu
 step gpu_bench 180 "$stage/bin/rvd_bench_gpu" --json "$OUT/gpu_bench.json"
 step gpu_ab 120 "$stage/bin/rvd_bench_gpu" --ab --reps 30 --json "$OUT/gpu_ab.json"
 step e2e_gpu 120 python3 bench/e2e_gpu.py --rounds 5
+step ncu 300 scripts/ncu_v4.sh "$stage/bin/rvd_bench_gpu" "$OUT/ncu"
 step torch_peers 180 bash -c "python3 bench/torch_peers.py > '$OUT/torch_peers.json'"
 cat "$OUT/torch_peers.json" 2>/dev/null
 [[ -f "$OUT/e2e_gpu.log" ]] && grep -h '^{' "$OUT/e2e_gpu.log" > "$OUT/e2e_gpu.json"

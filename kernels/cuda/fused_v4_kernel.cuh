@@ -1,7 +1,7 @@
 // The fused PR kernel, version 4 (private to kernels/cuda/): Hopper's tensor
 // copy engine (TMA) and warpgroup MMAs (wgmma), for wide W whose rows start
 // on 16-byte boundaries: bf16/f16 of any size, f32 with a Gram side <= 128
-// (see ScaleOfTile). sm_90a only (wgmma): the translation units that
+// (diagonal jobs; see ConvertSlices). sm_90a only (wgmma): the translation units that
 // include this file are compiled for sm_90a alone, and the engine launches
 // v4 only on compute capability 9.0.
 //
@@ -11,19 +11,20 @@
 // (one TMA copy per 128 x 64 tile) and each warpgroup issues 4 wgmma per
 // 64-wide K-slice instead of ~40 mma.sync per warp.
 // H200 (NOTES.md, fused v4; kernel + finalize, v3 -> v4, A-B medians of
-// run s3-9): 480 x 128x4096 bf16 0.36 -> 0.142 ms (floor 0.119), f32 1.73 ->
-// 0.40 (floor 0.238), 256 x 128x4096 bf16 0.19 -> 0.076, 32 x 1024x4096
-// bf16 0.97 -> 0.28.
+// runs s3-9 and s4-9): 480 x 128x4096 bf16 0.36 -> 0.142 ms (floor 0.119),
+// f32 1.78 -> 0.34 (floor 0.238), 256 x 128x4096 bf16 0.19 -> 0.076, 32 x
+// 1024x4096 bf16 0.97 -> 0.28.
 //
 // Work split. A job is a 128 x 128 tile (row0, col0) of one Gram, col0 >=
 // row0 (launch_policy.h, FusedJobV2 with col_tile 128). A diagonal job
 // computes its whole symmetric square (weight 1); an off-diagonal one,
 // weight 2. Grid: one persistent block per SM, jobs round-robin.
 //
-// Block: 2 consumer warpgroups (warps 0-7) and a producer warpgroup (warps
-// 8-11), 384 threads; the producer gives its registers to the consumers
-// (setmaxnreg 40 / 232: two accumulator sets and the sums need ~200).
-//   producer: one thread streams each job's K-slices into a
+// Block: 2 consumer warpgroups (warps 0-7), then for 16-bit a producer
+// warpgroup (384 threads; setmaxnreg 40 / 232: two accumulator sets and
+// the sums need ~200), for f32 two converter warpgroups (512 threads;
+// 104 / 152: one accumulator set; see ConvertSlices).
+//   producer (16-bit): one thread streams each job's K-slices into a
 //     ring of kStages stages with cp.async.bulk.tensor (128B swizzle, the
 //     layout wgmma reads), signalling `full[s]` through the mbarrier's
 //     transaction count; a diagonal job loads one 128 x 64 tile per slice
@@ -36,7 +37,9 @@
 //     into the running f32 sums with round to nearest (the tensor cores'
 //     accumulation truncates: NOTES.md, v1 and v3; chains of 4 and 8
 //     k-steps keep the PR within 2e-7 and 5e-7) and its stages freed (each
-//     warp arrives on `empty[s]`).
+//     warp arrives on `empty[s]`). f32: one accumulator set, each slice
+//     added once its wgmma are done (the conversion, not the tensor
+//     cores, sets the pace).
 // Epilogue per job: sum of squares of the 64 running sums per thread in
 // float64, the diagonal entries' sum (||W||_F^2 = trace G, as v3: its
 // truncation bias matches ||G||^2's and cancels in t^2 / g) and largest
@@ -69,49 +72,78 @@ namespace rvd::cuda::fused_v4 {
 constexpr int kTile = 128;                   // Gram rows and columns of a job
 constexpr int kSliceK = 64;                  // K elements per stage
 constexpr int kConsumers = 2;                // warpgroups of 64 Gram rows
-constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr int kConsumerWarps = 4 * kConsumers;
 constexpr int kHalfTileBytes = kTile * kSliceK * 2;  // one 16-bit operand tile
 
-// Shared memory per input type: the TMA ring (1024-byte aligned for the
-// 128B swizzle), for f32 the converted f16 hi/lo tiles, then 2 x stages
-// mbarriers and the epilogue's per-warp partials (two sets).
-//   16-bit: 6 stages of 32 KB (two operands for an off-diagonal job).
+// Shared memory per input type: the TMA ring of kStages stages (1024-byte
+// aligned for the 128B swizzle), f32's converted sets, then the mbarriers,
+// f32's per-set s^-2 and the epilogue's per-warp partials (two sets).
+//   16-bit: 6 stages of 32 KB (two operands for an off-diagonal job), which
+//           the consumers read.
 //   f32:    4 stages of one 128 x 64 f32 tile (diagonal jobs only, n <=
-//           128), plus 3 sets of (hi + 2 lo) f16 tiles the consumers
-//           convert into: two slices read by the tensor cores while the
-//           third is written.
+//           128), which the converter warpgroups turn into 3 sets of f16
+//           hi (16 KB) + 2 lo (16 KB), which the consumers read.
+// The consumers' ring (`Ring*`: full / empty barriers, slots) is the stages
+// for 16-bit, the sets for f32. (The sets written in place of the f32
+// stages, 7 of them and no sets, were 9% slower: a stage then stays taken
+// until the consumers are done with it, run s4-7.)
 template <typename T>
 struct Layout {
   static constexpr bool kF32 = std::is_same_v<T, float>;
   static constexpr int kStages = kF32 ? 4 : 6;
   static constexpr int kTileBytes = kTile * kSliceK * (kF32 ? 4 : 2);  // one TMA copy
   static constexpr int kStageBytes = kF32 ? kTileBytes : 2 * kTileBytes;
-  static constexpr int kConvOffset = kStages * kStageBytes;
-  static constexpr int kConvSets = kF32 ? 3 : 0;
-  static constexpr int kConvBytes = kConvSets * 2 * kHalfTileBytes;
-  static constexpr int kBarrierOffset = kConvOffset + kConvBytes;
-  static constexpr int kReduceOffset = kBarrierOffset + 2 * kStages * 8;
+  static constexpr int kSets = kF32 ? 3 : 0;
+  static constexpr int kSetBytes = 2 * kHalfTileBytes;
+  static constexpr int kSetOffset = kStages * kStageBytes;
+  static constexpr int kFullOffset = kSetOffset + kSets * kSetBytes;
+  static constexpr int kEmptyOffset = kFullOffset + 8 * kStages;  // 16-bit
+  static constexpr int kSetFullOffset = kEmptyOffset + 8 * kStages;
+  static constexpr int kSetEmptyOffset = kSetFullOffset + 8 * kSets;
+  static constexpr int kInvOffset = kSetEmptyOffset + 8 * kSets;
+  static constexpr int kReduceOffset = kInvOffset + 16;
   // Epilogue partials (2 sets x 3 doubles per warp), then 3 x 8 words of
   // per-warp maxima (f32's scales).
   static constexpr int kSmemBytes = 1024 + kReduceOffset + 2 * kConsumerWarps * 24 +
                                     3 * kConsumerWarps * 4 + 64;
+  // Block: the consumers, then one warpgroup (16-bit: its first thread
+  // issues the copies) or, f32, two that convert (and issue the copies).
+  static constexpr int kThirdWarpgroups = kF32 ? 2 : 1;
+  static constexpr int kThreads = 128 * (kConsumers + kThirdWarpgroups);
+  static constexpr int kRingSlots = kF32 ? kSets : kStages;
+  static constexpr int kRingOffset = kF32 ? kSetOffset : 0;
+  static constexpr int kRingSlotBytes = kF32 ? kSetBytes : kStageBytes;
+  static constexpr int kRingFullOffset = kF32 ? kSetFullOffset : kFullOffset;
+  static constexpr int kRingEmptyOffset = kF32 ? kSetEmptyOffset : kEmptyOffset;
+  static_assert(kSets * 4 <= 16, "set_inv");
 };
 
 // The kernel's purpose (Mode, a template argument): kernels.h.
 
 // setmaxnreg moves registers between the warpgroups of a block launched
-// with 168 each (384 threads): the consumers' increase must equal what the
-// producer gives up, or setmaxnreg.inc waits forever (an 80 / 216 split
-// did, H200 run s2-5).
-constexpr int kLaunchRegs = 168, kProducerRegs = 40, kConsumerRegs = 232;
-static_assert(2 * (kConsumerRegs - kLaunchRegs) == kLaunchRegs - kProducerRegs,
-              "register budget");
+// with kLaunch each (64K registers / threads, multiple of 8): the
+// consumers' increase must equal what the others give up, or
+// setmaxnreg.inc waits forever (an 80 / 216 split did, H200 run s2-5).
+// 16-bit: the third warpgroup only issues TMA copies (40); the consumers
+// hold two accumulator sets and the sums (232). f32: two converter
+// warpgroups (104 each: eight float4 in flight per thread), and the
+// consumers hold one accumulator set and the sums (152): the tensor cores
+// are not what limits f32, the conversion is (run s4-3).
+template <typename T>
+struct Registers {
+  static constexpr int kLaunch = 65536 / Layout<T>::kThreads / 8 * 8;
+  static constexpr int kThird = Layout<T>::kF32 ? 104 : 40;
+  static constexpr int kConsumer = Layout<T>::kF32 ? 152 : 232;
+  static_assert(kConsumers * (kConsumer - kLaunch) ==
+                    Layout<T>::kThirdWarpgroups * (kLaunch - kThird),
+                "register budget");
+};
 
 // The launch policy as data (launch_policy.h) and this code agree.
 constexpr LaunchPolicy kPolicy = kFusedPolicyV4Sm90;
 static_assert(kPolicy.block_tile == kTile && kPolicy.col_tile == kTile);
-static_assert(kPolicy.warps * 32 == kThreads && kPolicy.warp_tile == 64);
+static_assert(kPolicy.warps * 32 == Layout<__nv_bfloat16>::kThreads &&
+              kPolicy.warps_f32 * 32 == Layout<float>::kThreads && kPolicy.warp_tile == 64);
 static_assert(kPolicy.k_slice_bytes == kSliceK * 2);
 static_assert(kPolicy.stages == Layout<__nv_bfloat16>::kStages &&
               kPolicy.stages_offdiag == Layout<__nv_bfloat16>::kStages);
@@ -370,28 +402,37 @@ __device__ __forceinline__ void ReduceJob(const float (&sum)[64], bool diag, int
   }
 }
 
-// f32: the consumers split each 128 x 64 tile into f16 hi + lo (w s = hi +
-// lo + O(2^-22 |w s|), s a power of 2 that puts the tile's largest |w| in
-// [2^14, 2^15): f16's range holds it and lo keeps 11 more bits), and a
-// slice's product is hi hi^T + hi (2 lo)^T = P + 2X (8 chained wgmma),
-// unscaled by s^-2 when added to the sums. The Gram is P + X + X^T; only
-// diagonal jobs run here (n <= 128), so the sums hold the whole square and
+// f32: the converter warpgroups split each 128 x 64 tile into f16 hi + lo
+// (w s = hi + lo + O(2^-22 |w s|), s a power of 2 that puts the tile's
+// largest |w| in [2^14, 2^15): f16's range holds it and lo keeps 11 more
+// bits), and a slice's product is hi hi^T + hi (2 lo)^T = P + 2X (8 chained
+// wgmma in the consumers), unscaled by s^-2 when added to the sums. The
+// Gram is P + X + X^T; only diagonal jobs run here (n <= 128), so the sums
+// hold the whole square and
 //   trace(P + 2X) = trace(G),
 //   sum (P + 2X)_ij^2 = sum G_ij^2 + sum (X_ij - X_ji)^2    (P symmetric),
 // the last term second order in the rounding residuals (like the lo lo^T
 // that 3xTF32 drops): one product fewer than hi hi^T + hi lo^T + lo hi^T.
 //
-// The scale of a slice after a job's first is the exact scale of the slice
-// before (its largest |w| comes out of the conversion and the barrier that
-// follows it), kept when the slice's own largest |w| w_max fits under it:
-// 2^10 <= w_max s < 65504 (no overflow in hi; at most 4 bits of headroom
-// lost, so lo stays normal for all but entries 2^-13 below w_max). Else
-// the slice is converted again at its exact scale (rare: a jump in
-// magnitude between neighbouring slices). Power-of-2 scales are exact, so
-// the products do not depend on which admissible scale was used beyond
+// The scale of a slice after the group's first in a job is the exact scale
+// of the group's slice before it, kept when the slice's own largest |w|
+// w_max fits under it: 2^10 <= w_max s < 65504 (no overflow in hi; at most
+// 4 bits of headroom lost, so lo stays normal for all but entries 2^-13
+// below w_max). Else the slice is converted again at its exact scale
+// (rare: a jump in magnitude). Power-of-2 scales are exact, so the
+// products do not depend on which admissible scale was used beyond
 // subnormal residuals; the choice depends on the matrix alone
-// (deterministic). One read of the tile instead of two (run s3-8).
-constexpr int kConvertTasks = kTile * kSliceK / 4 / (128 * kConsumers);  // float4s per thread
+// (deterministic). One read of the tile instead of two (run s3-8); the
+// exact scale of every slice from a tile held in registers (two barriers
+// per slice) was 8% slower (run s4-8).
+//
+// Two converter warpgroups, each converting every other slice on its own
+// (slice n: group n % 2): one warpgroup alone issued in 27% of its cycles
+// (latency-bound, run s4-3); two at once: 0.365 -> 0.344 ms (run s4-5).
+constexpr int kConverterGroups = 2;
+constexpr int kConverters = 128;                                   // threads per group
+constexpr int kConvertTasks = kTile * kSliceK / 4 / kConverters;  // float4s per thread
+static_assert(12 * kConverterGroups <= 3 * kConsumerWarps, "red_max words per group");
 
 struct TileScale {
   float scale;  // s
@@ -404,7 +445,12 @@ struct TileScale {
 __device__ __forceinline__ TileScale ExactScale(uint32_t max_bits) {
   int e = 268 - static_cast<int>(max_bits >> 23);
   e = e < 64 ? 64 : (e > 254 ? 254 : e);
-  return {__uint_as_float(static_cast<uint32_t>(e) << 23), ldexpf(1.0f, 254 - 2 * e)};
+  // s^-2 = 2^p, p = 254 - 2e in [-254, 126]: normal, subnormal or 0 (the
+  // bits directly: ldexpf took ~30 dependent instructions per slice).
+  const int p = 254 - 2 * e;
+  const uint32_t inv = p >= -126 ? static_cast<uint32_t>(p + 127) << 23
+                                 : (p >= -149 ? 1u << (p + 149) : 0u);
+  return {__uint_as_float(static_cast<uint32_t>(e) << 23), __uint_as_float(inv)};
 }
 
 __device__ __forceinline__ bool ScaleFits(uint32_t max_bits, float scale) {
@@ -412,47 +458,35 @@ __device__ __forceinline__ bool ScaleFits(uint32_t max_bits, float scale) {
   return max_bits == 0 || (x >= 1024.0f && x < 65504.0f);  // NaN: false
 }
 
-// The block-wide max of the per-warp maxima in `slot` (after a barrier).
-__device__ __forceinline__ uint32_t BlockMax(const uint32_t* slot) {
-  uint32_t mx = 0;
+__device__ __forceinline__ float MaxAbs(float4 v) {
+  return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+}
+
+// Group g's largest |w| `mx`, as f32 bits, through `slot` (one word per
+// warp of the group). Also a barrier (2 + g) of the group. (fmaxf drops a
+// NaN; a NaN input still makes the Gram NaN, which the finalize reports.)
+__device__ __forceinline__ uint32_t ConverterMax(float mx, int g, uint32_t* slot) {
+  uint32_t bits = __reduce_max_sync(0xffffffffu, __float_as_uint(mx));
+  if (threadIdx.x % 32 == 0) slot[(threadIdx.x / 32) % 4] = bits;
+  asm volatile("bar.sync %0, %1;" ::"r"(2 + g), "n"(kConverters) : "memory");
 #pragma unroll
-  for (int w = 0; w < kConsumerWarps; ++w) mx = max(mx, slot[w]);
-  return mx;
+  for (int w = 0; w < kConverters / 32; ++w) bits = max(bits, slot[w]);
+  return bits;
 }
 
-__device__ __forceinline__ uint32_t AbsBits(float4 v) {
-  return max(max(__float_as_uint(v.x) & 0x7fffffffu, __float_as_uint(v.y) & 0x7fffffffu),
-             max(__float_as_uint(v.z) & 0x7fffffffu, __float_as_uint(v.w) & 0x7fffffffu));
-}
-
-// A job's first slice: one read of the tile for its largest |w|.
-__device__ __forceinline__ TileScale ScaleOfTile(const float* src, uint32_t* slot) {
-  const int tid = threadIdx.x, lane = tid % 32;
-  // Task q: float4 t = tid + 256 q of the tile: row t / 16, floats
-  // 4 (t % 16) .. + 3; each 8 lanes read 128 contiguous bytes.
-  const float4* tile = reinterpret_cast<const float4*>(src);
-  uint32_t mx = 0;
-#pragma unroll
-  for (int q = 0; q < kConvertTasks; ++q) mx = max(mx, AbsBits(tile[tid + 128 * kConsumers * q]));
-  mx = __reduce_max_sync(0xffffffffu, mx);
-  if (lane == 0) slot[tid / 32] = mx;
-  asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
-  return ExactScale(BlockMax(slot));
-}
-
-// Writes float4 tid + 256 q of the tile as hi and 2 lo; returns its |w| max
-// (f32 bits).
-__device__ __forceinline__ uint32_t ConvertTask(const float* src, float scale, uint32_t hi,
-                                                uint32_t lo, int q) {
-  const int t = threadIdx.x + 128 * kConsumers * q;
+// Writes v, float4 t of the tile (row t / 16, floats 4 (t % 16) .. + 3), as
+// hi and 2 lo at scale `scale`.
+__device__ __forceinline__ void ConvertFloat4(float4 v, float scale, uint32_t hi, uint32_t lo,
+                                              int t) {
   const int row = t / 16, h = t % 16;
-  const float4 v = reinterpret_cast<const float4*>(src)[t];
   const float x[4] = {v.x * scale, v.y * scale, v.z * scale, v.w * scale};
   __half2 h01 = __floats2half2_rn(x[0], x[1]), h23 = __floats2half2_rn(x[2], x[3]);
   const float2 b01 = __half22float2(h01), b23 = __half22float2(h23);
-  // 2 lo: x - hi is exact in f32; doubling it is exact.
-  __half2 l01 = __floats2half2_rn(2.0f * (x[0] - b01.x), 2.0f * (x[1] - b01.y));
-  __half2 l23 = __floats2half2_rn(2.0f * (x[2] - b23.x), 2.0f * (x[3] - b23.y));
+  // lo = x - hi is exact in f32; doubling it in f16 is exact (|lo| <= 8).
+  __half2 l01 = __floats2half2_rn(x[0] - b01.x, x[1] - b01.y);
+  __half2 l23 = __floats2half2_rn(x[2] - b23.x, x[3] - b23.y);
+  l01 = __hadd2(l01, l01);
+  l23 = __hadd2(l23, l23);
   // 16-byte chunk h / 2 of the row, swizzled with row % 8; this half of it.
   const uint32_t at = row * 128 + (((h / 2) ^ (row % 8)) << 4) + (h % 2) * 8;
   asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(hi + at),
@@ -461,54 +495,221 @@ __device__ __forceinline__ uint32_t ConvertTask(const float* src, float scale, u
   asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(lo + at),
                "r"(*reinterpret_cast<uint32_t*>(&l01)), "r"(*reinterpret_cast<uint32_t*>(&l23))
                : "memory");
-  return AbsBits(v);
+}
+
+// Task q of converter ct is float4 ct + 128 q of the tile; each 8 lanes
+// read 128 contiguous bytes.
+__device__ __forceinline__ int TaskIndex(int ct, int q) { return ct + kConverters * q; }
+
+// A job's first slice (per group): one read of the tile for its largest
+// |w|.
+__device__ __forceinline__ TileScale ScaleOfTile(const float* src, int ct, int g,
+                                                 uint32_t* slot) {
+  const float4* tile = reinterpret_cast<const float4*>(src);
+  float mx = 0.0f;
+#pragma unroll
+  for (int q = 0; q < kConvertTasks; ++q) mx = fmaxf(mx, MaxAbs(tile[TaskIndex(ct, q)]));
+  return ExactScale(ConverterMax(mx, g, slot));
+}
+
+// Converter ct's part of the tile at `scale` into hi and 2 lo; returns its
+// largest |w|. The loads go in batches ahead of the stores: each store's
+// asm orders memory, so a load written after it would wait for it (one
+// float4 in flight per warp: 0.41 -> 0.44 ms, run s4-1).
+__device__ __forceinline__ float ConvertTile(const float* src, float scale, uint32_t hi,
+                                             uint32_t lo, int ct) {
+  constexpr int kBatch = 8;
+  static_assert(kConvertTasks % kBatch == 0);
+  const float4* tile = reinterpret_cast<const float4*>(src);
+  float mx = 0.0f;
+#pragma unroll
+  for (int q0 = 0; q0 < kConvertTasks; q0 += kBatch) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) v[b] = tile[TaskIndex(ct, q0 + b)];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      mx = fmaxf(mx, MaxAbs(v[b]));
+      ConvertFloat4(v[b], scale, hi, lo, TaskIndex(ct, q0 + b));
+    }
+  }
+  return mx;
+}
+
+// This block's K-slices in order: job j's slice k of `slices`, the n-th.
+struct SliceCursor {
+  int j, k, slices, n;
+  FusedJobV2 job;
+
+  __device__ __forceinline__ void Start(const FusedJobV2* jobs, const MatrixDesc* mats,
+                                        int num_jobs) {
+    j = blockIdx.x;
+    k = n = 0;
+    Load(jobs, mats, num_jobs);
+  }
+  __device__ __forceinline__ void Next(const FusedJobV2* jobs, const MatrixDesc* mats,
+                                       int num_jobs) {
+    ++n;
+    if (++k == slices) {
+      k = 0;
+      j += gridDim.x;
+      Load(jobs, mats, num_jobs);
+    }
+  }
+  __device__ __forceinline__ void Load(const FusedJobV2* jobs, const MatrixDesc* mats,
+                                       int num_jobs) {
+    if (j >= num_jobs) return;
+    job = jobs[j];
+    slices = (mats[job.matrix].cols + kSliceK - 1) / kSliceK;
+  }
+};
+
+// The converter warpgroups (f32): group g takes slices n = g, g + 2, ...
+// of the block, each from its TMA stage (n % kStages) into a hi/lo set (n %
+// kSets), which `set_full` hands to the consumers (in slice order) with
+// its s^-2 in `set_inv`; `set_empty` hands it back. Each group's first
+// thread also issues its copies: slice n + kStages into the stage slice n
+// was read from, once the group's barrier at the end of the conversion
+// says it is read (so the f32 stages need no `empty` barriers).
+template <int kMode>
+__device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const MatrixDesc* mats,
+                                              const FusedJobV2* jobs, int num_jobs,
+                                              uint32_t tiles, const unsigned char* base,
+                                              uint32_t full0, uint32_t set_full0,
+                                              uint32_t set_empty0, float* set_inv,
+                                              uint32_t* red_max) {
+  using L = Layout<float>;
+  static_assert(L::kStages % kConverterGroups == 0);
+  const int g = (threadIdx.x - 128 * kConsumers) / kConverters;
+  const int ct = threadIdx.x % kConverters;
+  // This group's words of red_max: 4 for ScaleOfTile, 2 x 4 alternating.
+  uint32_t* const slots = red_max + 12 * g;
+  auto step = [&](SliceCursor& c) {
+    for (int i = 0; i < kConverterGroups; ++i) c.Next(jobs, mats, num_jobs);
+  };
+  SliceCursor cur;
+  cur.Start(jobs, mats, num_jobs);
+  for (int i = 0; i < g; ++i) cur.Next(jobs, mats, num_jobs);
+  // The copies (converter 0): `load` runs kStages slices ahead of `cur`.
+  SliceCursor load = cur;
+  int acquired = -1;  // the job whose tensor map was last acquired
+  auto issue_load = [&] {
+    if (load.j >= num_jobs) return;
+    const CUtensorMap* map = maps + load.job.matrix;
+    if (load.j != acquired) {
+      AcquireTensorMap(map);
+      acquired = load.j;
+    }
+    const int stage = load.n % L::kStages;
+    const uint32_t full = full0 + 8 * stage;
+    if constexpr (kMode == kProbeNoLoad) {
+      MbarArrive(full);
+    } else {
+      MbarArriveExpectTx(full, L::kTileBytes);
+      TmaLoadTile(tiles + stage * L::kStageBytes, map, load.k * kSliceK, load.job.row0, full);
+    }
+    step(load);
+  };
+  if (ct == 0) {
+    for (int i = 0; i < L::kStages / kConverterGroups; ++i) issue_load();
+  }
+  int converted = 0;
+  int scaled_job = -1;               // the job of next_scale
+  TileScale next_scale{1.0f, 1.0f};  // the group's last slice's exact scale
+  for (; cur.j < num_jobs; step(cur)) {
+    const int stage = cur.n % L::kStages, set = cur.n % L::kSets;
+    MbarWait(full0 + 8 * stage, (cur.n / L::kStages) & 1);
+    MbarWait(set_empty0 + 8 * set, ((cur.n / L::kSets) & 1) ^ 1);
+    const float* src = reinterpret_cast<const float*>(base + stage * L::kStageBytes);
+    const uint32_t hi = tiles + L::kSetOffset + set * L::kSetBytes;
+    // Converts at `ts` into the set; returns the slice's largest |w|
+    // (bits) once every converter of the group has written its part.
+    auto convert = [&](const TileScale& ts) {
+      const float mx = ConvertTile(src, ts.scale, hi, hi + kHalfTileBytes, ct);
+      // The tensor cores read the set through the async proxy.
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      // Two slots, alternating: a warp may write the next slice's maximum
+      // before a slower one has read this one's.
+      return ConverterMax(mx, g, slots + 4 + 4 * (converted & 1));
+    };
+    float inv = 1.0f;
+    if constexpr (kMode != kProbeNoConvert) {
+      const bool exact = cur.j != scaled_job;
+      TileScale ts = exact ? ScaleOfTile(src, ct, g, slots) : next_scale;
+      const uint32_t mx = convert(ts);
+      next_scale = ExactScale(mx);
+      scaled_job = cur.j;
+      // (The f32 mutant keeps a scale that does not fit.)
+      if (!exact && kMode != kMutant && !ScaleFits(mx, ts.scale)) {  // uniform
+        // (Converting again rewrites the same maxima into the slot.)
+        ts = next_scale;
+        convert(ts);
+      }
+      inv = ts.inv;
+    } else {
+      asm volatile("bar.sync %0, %1;" ::"r"(2 + g), "n"(kConverters) : "memory");
+    }
+    ++converted;
+    if (ct == 0) {
+      set_inv[set] = inv;
+      MbarArrive(set_full0 + 8 * set);
+      issue_load();
+    }
+  }
 }
 
 #endif  // RVD_FUSED_V4_DEVICE
 
 template <typename T, int kMode>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(Layout<T>::kThreads, 1)
     FusedV4Kernel(const CUtensorMap* maps, const MatrixDesc* mats,
                   const FusedJobV2* jobs, int num_jobs, double* g2, double* trace,
                   float* maxabs) {
 #ifdef RVD_FUSED_V4_DEVICE
   using L = Layout<T>;
+  using R = Registers<T>;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = SmemAddr(smem_raw);
   const uint32_t tiles = (raw + 1023) & ~1023u;
   unsigned char* const base = smem_raw + (tiles - raw);
-  const uint32_t full0 = tiles + L::kBarrierOffset;  // full[s] at full0 + 8 s
-  const uint32_t empty0 = full0 + L::kStages * 8;    // empty[s]
+  const uint32_t full0 = tiles + L::kFullOffset;  // full[s] at full0 + 8 s
+  const uint32_t empty0 = tiles + L::kEmptyOffset;
+  const uint32_t set_full0 = tiles + L::kSetFullOffset;  // f32
+  const uint32_t set_empty0 = tiles + L::kSetEmptyOffset;
+  float* const set_inv = reinterpret_cast<float*>(base + L::kInvOffset);
   double* const red = reinterpret_cast<double*>(base + L::kReduceOffset);
   uint32_t* const red_max = reinterpret_cast<uint32_t*>(red + 2 * kConsumerWarps * 3);
 
-  const int warp = threadIdx.x / 32;  // consumers 0 .. 7, producer 8 .. 11
+  const int warp = threadIdx.x / 32;  // consumers 0 .. 7, then the third warpgroup(s)
   const int lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < L::kStages; ++s) {
       MbarInit(full0 + 8 * s, 1);
       MbarInit(empty0 + 8 * s, kConsumerWarps);
     }
+    for (int s = 0; s < L::kSets; ++s) {
+      MbarInit(set_full0 + 8 * s, 1);
+      MbarInit(set_empty0 + 8 * s, kConsumerWarps);
+    }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
 
   if (warp >= kConsumerWarps) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
-    if (warp == kConsumerWarps && lane == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R::kThird));
+    if constexpr (L::kF32) {
+      ConvertSlices<kMode>(maps, mats, jobs, num_jobs, tiles, base, full0, set_full0, set_empty0,
+                           set_inv, red_max);
+    } else if (warp == kConsumerWarps && lane == 0) {
       ProduceSlices<T, kMode>(maps, mats, jobs, num_jobs, tiles, full0, empty0);
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R::kConsumer));
 
-  // Consumers. A slice passes three steps: prepare (wait until its stage is
-  // full; f32: convert it into a hi/lo set and free the stage), issue
-  // (wgmma into part0 or part1), retire (add into the sums; 16-bit: free
-  // the stage). f32 prepares two slices ahead, so that its conversion runs
-  // while two slices of wgmma are queued (0.39 -> 0.37 ms, run s3-3; the
-  // conversion interleaved between the wgmma issues was slower: ptxas made
-  // each wgmma its own group, run s3-4).
+  // Consumers. A slice passes three steps: prepare (wait until its ring
+  // slot is full: 16-bit, the TMA stage; f32, the converted set), issue
+  // (wgmma into part0 or part1), retire (add into the sums, free the slot).
   //
   // 16-bit Grams of side > 128 chain two slices (8 k-steps) per
   // accumulator: half the adds, 5-6% faster on 32 x 1024x4096; 128-row
@@ -518,9 +719,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // one slice (each has its own scale). A diagonal tile computes its whole
   // square: giving the second warpgroup the 64 x 64 quadrant (m64n64) made
   // ptxas serialize every wgmma of the kernel (runs s3-5, s3-6).
-  constexpr bool kSixteen = !L::kF32;
   const int c = warp / 4;
-  int next = 0, done = 0, conv = 0;
+  const uint32_t ring_full0 = tiles + L::kRingFullOffset;
+  const uint32_t ring_empty0 = tiles + L::kRingEmptyOffset;
+  int next = 0, done = 0;
   uint32_t next_phase = 0;
   int parity = 0;  // which set of epilogue partials
   float part0[64], part1[64];
@@ -529,72 +731,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int cols = mats[job.matrix].cols;
     const int slices = (cols + kSliceK - 1) / kSliceK;
     const int chain =
-        kSixteen && kMode != kProbeChain1 && mats[job.matrix].n > kTile ? kLargeChainSlices : 1;
+        !L::kF32 && kMode != kProbeChain1 && mats[job.matrix].n > kTile ? kLargeChainSlices : 1;
     const int units = (slices + chain - 1) / chain;
     const bool diag = job.diagonal != 0;
     const bool one_tile = diag || kMode == kProbeBIsA;
     float sum[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) sum[i] = 0.0f;
-    auto free_stage = [&] {
-      if (lane == 0) MbarArrive(empty0 + 8 * done);
-      if (++done == L::kStages) done = 0;
+    auto free_slot = [&] {
+      if (lane == 0) MbarArrive(ring_empty0 + 8 * done);
+      if (++done == L::kRingSlots) done = 0;
     };
     // The prepared slice's operand tiles (16-bit: the stage; f32: its hi
     // set, 2 lo at + kHalfTileBytes) and, f32, its s^-2.
     uint32_t ready = 0;
     float ready_inv = 1.0f;
-    int converted = 0;                // f32: slices of this job converted
-    TileScale next_scale{1.0f, 1.0f};  // f32: the last slice's exact scale
     auto prepare = [&] {
-      MbarWait(full0 + 8 * next, next_phase);
-      const uint32_t stage = tiles + next * L::kStageBytes;
-      if (++next == L::kStages) {
+      MbarWait(ring_full0 + 8 * next, next_phase);
+      ready = tiles + L::kRingOffset + next * L::kRingSlotBytes;
+      if constexpr (L::kF32) ready_inv = set_inv[next];
+      if (++next == L::kRingSlots) {
         next = 0;
         next_phase ^= 1;
-      }
-      if constexpr (L::kF32) {
-        const uint32_t hi = tiles + L::kConvOffset + conv * 2 * kHalfTileBytes;
-        if (++conv == L::kConvSets) conv = 0;
-        const float* src = reinterpret_cast<const float*>(base + (stage - tiles));
-        // Converts at `ts`, then waits until every consumer has written
-        // its part of the set; returns the slice's largest |w| (bits).
-        auto convert = [&](const TileScale& ts) {
-          uint32_t mx = 0;
-#pragma unroll
-          for (int q = 0; q < kConvertTasks; ++q) {
-            mx = max(mx, ConvertTask(src, ts.scale, hi, hi + kHalfTileBytes, q));
-          }
-          // Two slots, alternating: a warp may write the next slice's
-          // maximum before a slower one has read this one's.
-          uint32_t* slot = red_max + kConsumerWarps * (1 + (converted & 1));
-          mx = __reduce_max_sync(0xffffffffu, mx);
-          if (lane == 0) slot[warp] = mx;
-          // The tensor cores read the set through the async proxy.
-          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-          asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
-          return BlockMax(slot);
-        };
-        if constexpr (kMode != kProbeNoConvert) {
-          const bool exact = converted == 0 || kMode == kProbeTwoPass;
-          TileScale ts = exact ? ScaleOfTile(src, red_max) : next_scale;
-          const uint32_t mx = convert(ts);
-          next_scale = ExactScale(mx);
-          // (The f32 mutant keeps a scale that does not fit.)
-          if (!exact && kMode != kMutant && !ScaleFits(mx, ts.scale)) {  // uniform
-            // (Converting again rewrites the same maxima into the slot.)
-            ts = next_scale;
-            convert(ts);
-          }
-          ready_inv = ts.inv;
-        } else {
-          asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
-        }
-        ++converted;
-        free_stage();
-        ready = hi;
-      } else {
-        ready = stage;
       }
     };
     // The prepared slice into `part` (from zero when `fresh`); f32: hi hi^T
@@ -625,7 +783,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // empty wgmma group, and the wait for one pending group then waits for
     // the slice just issued (run s3-2).
     auto issue_unit = [&](float (&part)[64], float& inv, int u) {
-      if (kSixteen) prepare();
+      prepare();
       inv = ready_inv;
       FenceAccumulators(part);
       WgmmaFence();
@@ -638,10 +796,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     auto retire = [&](float (&part)[64], float inv, int u) {
       FenceAccumulators(part);
-      if constexpr (kSixteen) {
-        free_stage();
-        if (unit_slices(u) == 2) free_stage();
-      }
+      free_slot();
+      if (unit_slices(u) == 2) free_slot();
       if constexpr (kMode == kProbeRetire1) {
         // One add keeps every wgmma (ptxas drops those whose results are
         // never read: with no adds at all, 4 of 19 were left, run s3-2).
@@ -654,17 +810,25 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     // One step: unit u runs in `run`, unit u + 1 (< units) goes into
-    // `nxt`, then u is retired. f32 prepares unit u + 2 (two ahead).
+    // `nxt`, then u is retired.
     float inv0 = 1.0f, inv1 = 1.0f;
     auto step = [&](float (&run)[64], float run_inv, float (&nxt)[64], float& nxt_inv, int u) {
       issue_unit(nxt, nxt_inv, u + 1);
-      if (L::kF32 && u + 2 < units) prepare();
       WgmmaWait<1>();
       retire(run, run_inv, u);
     };
-    if (L::kF32) prepare();
+    if constexpr (L::kF32) {
+      // One accumulator set: each slice is added once its wgmma are done.
+      for (int u = 0; u < units; ++u) {
+        issue_unit(part0, inv0, u);
+        WgmmaWait<0>();
+        retire(part0, inv0, u);
+      }
+      ReduceJob(sum, diag, cols, j, red, parity, g2, trace, maxabs);
+      parity ^= 1;
+      continue;
+    }
     issue_unit(part0, inv0, 0);
-    if (L::kF32 && units > 1) prepare();
     // A fixed pair structure, so that each wgmma names one accumulator
     // array (else ptxas serializes them: warning C7514).
     int u = 0;
@@ -700,7 +864,7 @@ cudaError_t LaunchFusedV4T(const void* maps, const MatrixDesc* mats,
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (e != cudaSuccess) return e;
   const int grid = num_jobs < sms ? num_jobs : sms;
-  kernel<<<grid, kThreads, smem, stream>>>(static_cast<const CUtensorMap*>(maps), mats, jobs,
+  kernel<<<grid, Layout<T>::kThreads, smem, stream>>>(static_cast<const CUtensorMap*>(maps), mats, jobs,
                                            num_jobs, g2, trace, maxabs);
   return cudaGetLastError();
 }

@@ -23,10 +23,6 @@ cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const void* map
       if (f32) return cudaErrorInvalidValue;
       return v4::LaunchFusedV4Dispatch<v4::kProbeChain1>(dtype, maps, mats, jobs, num_jobs, g2,
                                                          trace, maxabs, stream);
-    case v4::kProbeTwoPass:  // f32's pipeline, as the next
-      if (!f32) return cudaErrorInvalidValue;
-      return v4::LaunchFusedV4T<float, v4::kProbeTwoPass>(maps, mats, jobs, num_jobs, g2, trace,
-                                                          maxabs, stream);
     case v4::kProbeNoConvert:
       if (!f32) return cudaErrorInvalidValue;
       return v4::LaunchFusedV4T<float, v4::kProbeNoConvert>(maps, mats, jobs, num_jobs, g2,

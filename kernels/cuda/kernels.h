@@ -83,21 +83,20 @@ enum Mode : int {
   // k-step (one wrong index): a Gram that is wrong yet plausible (about 3/4
   // of W W^T), which the finalize's range test does not turn into a
   // fallback; the checks against the oracle must catch it. f32: a slice
-  // keeps the scale carried over from the one before even when it does not
-  // fit (its hi overflows when the magnitude jumps up).
+  // keeps the scale of the slice converted before it, whether or not it
+  // fits (its hi overflows when the magnitude jumps up).
   kMutant,
   kProbeBIsA,      // every job loads and multiplies its row tile only
   kProbeNoLoad,    // the producer signals stages without loading them
   kProbeChain1,    // 16-bit: one slice per accumulator chain for every Gram
   kProbeRetire1,   // one add per finished slice instead of 64
   kProbeNoConvert, // f32: the stages are not converted (wrong)
-  kProbeTwoPass,   // f32: every slice's scale from its own first read
 };
 }  // namespace fused_v4
 
 // Benchmark hook (rvd_bench_gpu --ab; fused_v4_probe.cu, linked into the
-// bench only): v4 in a probe mode. kProbeChain1 and kProbeTwoPass are
-// exact, the others wrong on purpose.
+// bench only): v4 in a probe mode. kProbeChain1 is exact, the others wrong
+// on purpose.
 cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const void* maps,
                                const MatrixDesc* mats, const FusedJobV2* jobs, int num_jobs,
                                double* g2, double* trace, float* maxabs, cudaStream_t stream);

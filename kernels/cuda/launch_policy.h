@@ -35,6 +35,7 @@ struct LaunchPolicy {
   int chain_ksteps = 1;  // MMA k-steps per fresh f32 accumulator (v3; v2: 1)
   int chain_ksteps_f32 = 0;  // the same for f32 inputs; 0: v2's code
   int chain_ksteps_large = 0;  // 16-bit Grams of side > col_tile (v4); 0: chain_ksteps
+  int warps_f32 = 0;     // warps per block for f32 inputs (v4); 0: warps
 };
 
 // sm_90 (H200), the only tuned target. Values and where they came from:
@@ -136,11 +137,12 @@ inline constexpr LaunchPolicy kFusedPolicyV3Sm90{
 // errors as v3 to the digits printed); chains of 8 (two slices) for 16-bit
 // Grams of side > 128: 32 x 1024x4096 bf16 0.286 -> 0.277 ms (A-B, H200
 // runs s3-3 .. s3-9), max error 5e-7; 128-row Grams keep 4 (8 was 3-5%
-// slower there). f32 (Gram side <= 128): the consumers split each tile into
-// scaled f16 hi + 2 lo, 8 wgmma per slice.
-// Measurements: NOTES.md, fused v4; bench/RESULTS.md, sessions 2 and 3.
+// slower there). f32 (Gram side <= 128): two converter warpgroups split
+// each tile into scaled f16 hi + 2 lo (warps_f32 16: 512 threads), the
+// consumers run 8 wgmma per slice.
+// Measurements: NOTES.md, fused v4; bench/RESULTS.md, sessions 2 to 4.
 inline constexpr LaunchPolicy kFusedPolicyV4Sm90{
-    "fused-v4-tma-wgmma-bt128s6c8", 128, 12, 64, 128, 6, 2, 128, 1, 6, 4, 4, 8};
+    "fused-v4-tma-wgmma-bt128s6c8w16", 128, 12, 64, 128, 6, 2, 128, 1, 6, 4, 4, 8, 16};
 
 // The kernel version string, e.g.
 // "cuda-fused-v4/sm90/fused-v4-...+fused-v3-...+tall:fused-v1-...": the

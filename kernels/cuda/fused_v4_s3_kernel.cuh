@@ -1,0 +1,730 @@
+// The fused PR kernel, version 4 (private to kernels/cuda/): Hopper's tensor
+// copy engine (TMA) and warpgroup MMAs (wgmma), for wide W whose rows start
+// on 16-byte boundaries: bf16/f16 of any size, f32 with a Gram side <= 128
+// (see ScaleOfTile). sm_90a only (wgmma): the translation units that
+// include this file are compiled for sm_90a alone, and the engine launches
+// v4 only on compute capability 9.0.
+//
+// Why a new kernel: v2/v3 (mma.sync fed by cp.async) were issue-bound on the
+// H200 (NOTES.md: loads alone 0.24 ms, MMAs alone 0.18 ms for 480 x
+// 128x4096 bf16, against a 0.12 ms floor). Here one thread issues all loads
+// (one TMA copy per 128 x 64 tile) and each warpgroup issues 4 wgmma per
+// 64-wide K-slice instead of ~40 mma.sync per warp.
+// H200 (NOTES.md, fused v4; kernel + finalize, v3 -> v4, A-B medians of
+// run s3-9): 480 x 128x4096 bf16 0.36 -> 0.142 ms (floor 0.119), f32 1.73 ->
+// 0.40 (floor 0.238), 256 x 128x4096 bf16 0.19 -> 0.076, 32 x 1024x4096
+// bf16 0.97 -> 0.28.
+//
+// Work split. A job is a 128 x 128 tile (row0, col0) of one Gram, col0 >=
+// row0 (launch_policy.h, FusedJobV2 with col_tile 128). A diagonal job
+// computes its whole symmetric square (weight 1); an off-diagonal one,
+// weight 2. Grid: one persistent block per SM, jobs round-robin.
+//
+// Block: 2 consumer warpgroups (warps 0-7) and a producer warpgroup (warps
+// 8-11), 384 threads; the producer gives its registers to the consumers
+// (setmaxnreg 40 / 232: two accumulator sets and the sums need ~200).
+//   producer: one thread streams each job's K-slices into a
+//     ring of kStages stages with cp.async.bulk.tensor (128B swizzle, the
+//     layout wgmma reads), signalling `full[s]` through the mbarrier's
+//     transaction count; a diagonal job loads one 128 x 64 tile per slice
+//     (it is both operands), an off-diagonal job two.
+//   consumer warpgroup c: Gram rows 64c .. 64c+63 of the tile, all 128
+//     columns (wgmma m64n128k16, A and B from shared memory, K-major).
+//     Per slice (two slices for 16-bit Grams of side > 128): a chain of 4
+//     (8) wgmma starting from zero (scale-d = 0) into one of two
+//     accumulator sets; while they run, the previous chain's set is added
+//     into the running f32 sums with round to nearest (the tensor cores'
+//     accumulation truncates: NOTES.md, v1 and v3; chains of 4 and 8
+//     k-steps keep the PR within 2e-7 and 5e-7) and its stages freed (each
+//     warp arrives on `empty[s]`).
+// Epilogue per job: sum of squares of the 64 running sums per thread in
+// float64, the diagonal entries' sum (||W||_F^2 = trace G, as v3: its
+// truncation bias matches ||G||^2's and cancels in t^2 / g) and largest
+// value; xor-shuffle trees, the 8 consumer warps in index order: the same
+// bits on every run.
+//
+// maxabs output: v4 reads W only through the tensor cores, so it reports
+// sqrt(max_i G_ii / k) instead of max |w|: max |w|^2 lies in [D / k, D] for
+// D = max_i G_ii, so the finalize's range test (D / k >= 1e-30 and D <=
+// 1e36, since |G_ij| <= D) is as safe as with max |w|. D = 0 (all zero, or
+// squares that underflowed) reports +Inf (untrusted: the engine falls back
+// to the float64 oracle), non-finite D reports 0 (Inf trace with finite max:
+// untrusted; a NaN input makes the trace NaN: non-finite).
+#ifndef RVD_KERNELS_CUDA_FUSED_V4_S3_KERNEL_CUH_
+#define RVD_KERNELS_CUDA_FUSED_V4_S3_KERNEL_CUH_
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch_policy.h"
+
+namespace rvd::cuda::fused_v4_s3 {
+using namespace fused_v4;
+constexpr int kProbeTwoPass = 100;  // a mode of session 3, not instantiated here
+
+constexpr int kTile = 128;                   // Gram rows and columns of a job
+constexpr int kSliceK = 64;                  // K elements per stage
+constexpr int kConsumers = 2;                // warpgroups of 64 Gram rows
+constexpr int kThreads = 128 * (kConsumers + 1);
+constexpr int kConsumerWarps = 4 * kConsumers;
+constexpr int kHalfTileBytes = kTile * kSliceK * 2;  // one 16-bit operand tile
+
+// Shared memory per input type: the TMA ring (1024-byte aligned for the
+// 128B swizzle), for f32 the converted f16 hi/lo tiles, then 2 x stages
+// mbarriers and the epilogue's per-warp partials (two sets).
+//   16-bit: 6 stages of 32 KB (two operands for an off-diagonal job).
+//   f32:    4 stages of one 128 x 64 f32 tile (diagonal jobs only, n <=
+//           128), plus 3 sets of (hi + 2 lo) f16 tiles the consumers
+//           convert into: two slices read by the tensor cores while the
+//           third is written.
+template <typename T>
+struct Layout {
+  static constexpr bool kF32 = std::is_same_v<T, float>;
+  static constexpr int kStages = kF32 ? 4 : 6;
+  static constexpr int kTileBytes = kTile * kSliceK * (kF32 ? 4 : 2);  // one TMA copy
+  static constexpr int kStageBytes = kF32 ? kTileBytes : 2 * kTileBytes;
+  static constexpr int kConvOffset = kStages * kStageBytes;
+  static constexpr int kConvSets = kF32 ? 3 : 0;
+  static constexpr int kConvBytes = kConvSets * 2 * kHalfTileBytes;
+  static constexpr int kBarrierOffset = kConvOffset + kConvBytes;
+  static constexpr int kReduceOffset = kBarrierOffset + 2 * kStages * 8;
+  // Epilogue partials (2 sets x 3 doubles per warp), then 3 x 8 words of
+  // per-warp maxima (f32's scales).
+  static constexpr int kSmemBytes = 1024 + kReduceOffset + 2 * kConsumerWarps * 24 +
+                                    3 * kConsumerWarps * 4 + 64;
+};
+
+// The kernel's purpose (Mode, a template argument): kernels.h.
+
+// setmaxnreg moves registers between the warpgroups of a block launched
+// with 168 each (384 threads): the consumers' increase must equal what the
+// producer gives up, or setmaxnreg.inc waits forever (an 80 / 216 split
+// did, H200 run s2-5).
+constexpr int kLaunchRegs = 168, kProducerRegs = 40, kConsumerRegs = 232;
+static_assert(2 * (kConsumerRegs - kLaunchRegs) == kLaunchRegs - kProducerRegs,
+              "register budget");
+
+// The launch policy as data (launch_policy.h) and this code agree.
+constexpr LaunchPolicy kPolicy = kFusedPolicyV4Sm90;
+static_assert(kPolicy.block_tile == kTile && kPolicy.col_tile == kTile);
+static_assert(kPolicy.warps * 32 == kThreads && kPolicy.warp_tile == 64);
+static_assert(kPolicy.k_slice_bytes == kSliceK * 2);
+static_assert(kPolicy.stages == Layout<__nv_bfloat16>::kStages &&
+              kPolicy.stages_offdiag == Layout<__nv_bfloat16>::kStages);
+static_assert(kPolicy.chain_ksteps == kSliceK / 16 && kPolicy.chain_ksteps_f32 == kSliceK / 16);
+// Slices per accumulator chain of a 16-bit Gram of side > 128 (the
+// consumer loop is written for 1 or 2).
+constexpr int kLargeChainSlices = kPolicy.chain_ksteps_large / (kSliceK / 16);
+static_assert(kLargeChainSlices == 2 && kPolicy.chain_ksteps_large % (kSliceK / 16) == 0);
+static_assert(kPolicy.f32_split == 2);  // hi hi^T + hi (2 lo)^T
+static_assert(kPolicy.blocks_per_sm == 1);
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define RVD_FUSED_V4_DEVICE 1
+#endif
+
+#ifdef RVD_FUSED_V4_DEVICE
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  }
+}
+
+// One 128 x 64 tile (rows c1.., K elements c0..) of the matrix behind `map`
+// into shared memory at `dst`; rows or columns past the matrix read as zero
+// (and still count in the transaction bytes).
+__device__ __forceinline__ void TmaLoadTile(uint32_t dst, const CUtensorMap* map, int c0,
+                                            int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+
+// The maps were written by a host-to-device copy (generic proxy); the copy
+// engine reads them through the tensormap proxy.
+__device__ __forceinline__ void AcquireTensorMap(const CUtensorMap* map) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
+                   reinterpret_cast<uint64_t>(map))
+               : "memory");
+}
+
+// wgmma shared-memory descriptor of a K-major operand in the 128B-swizzle
+// layout TMA writes: rows of 128 bytes, 8-row groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t SwizzledDesc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+// Waits until at most `kPending` committed groups of this warpgroup run.
+template <int kPending>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+
+// Pins the accumulators to this point of the instruction stream: wgmma
+// writes them asynchronously, which the compiler cannot see.
+__device__ __forceinline__ void FenceAccumulators(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define RVD_V4_D64                                                               \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
+  "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, "   \
+  "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "   \
+  "%62, %63}"
+// The 64 accumulator operands with constraint c: "+f" (read and written)
+// or "=f" (written only).
+#define RVD_V4_D64_ARGS(c, d)                                                   \
+  c(d[0]), c(d[1]), c(d[2]), c(d[3]), c(d[4]), c(d[5]), c(d[6]), c(d[7]), \
+      c(d[8]), c(d[9]), c(d[10]), c(d[11]), c(d[12]), c(d[13]), c(d[14]), \
+      c(d[15]), c(d[16]), c(d[17]), c(d[18]), c(d[19]), c(d[20]), c(d[21]), \
+      c(d[22]), c(d[23]), c(d[24]), c(d[25]), c(d[26]), c(d[27]), c(d[28]), \
+      c(d[29]), c(d[30]), c(d[31]), c(d[32]), c(d[33]), c(d[34]), c(d[35]), \
+      c(d[36]), c(d[37]), c(d[38]), c(d[39]), c(d[40]), c(d[41]), c(d[42]), \
+      c(d[43]), c(d[44]), c(d[45]), c(d[46]), c(d[47]), c(d[48]), c(d[49]), \
+      c(d[50]), c(d[51]), c(d[52]), c(d[53]), c(d[54]), c(d[55]), c(d[56]), \
+      c(d[57]), c(d[58]), c(d[59]), c(d[60]), c(d[61]), c(d[62]), c(d[63])
+#define RVD_V4_D64_OPERANDS(d) RVD_V4_D64_ARGS("+f", d)
+#define RVD_V4_D64_OUTPUTS(d) RVD_V4_D64_ARGS("=f", d)
+
+// d = A (64 x 16, K-major) * B^T (B: 128 x 16, K-major) (+ d unless
+// kFirst: the first k-step of a chain writes d without reading it, so the
+// compiler need not keep d's old values alive).
+template <typename T, bool kFirst>
+__device__ __forceinline__ void WgmmaM64N128K16(float (&d)[64], uint64_t a, uint64_t b) {
+  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
+  // One asm per (first, types): PTX wants the operand types in the text.
+#define RVD_V4_WGMMA_FIRST(types)                                                    \
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, 0, 0;\n"                         \
+               " wgmma.mma_async.sync.aligned.m64n128k16.f32." types " " RVD_V4_D64 \
+               ", %64, %65, p, 1, 1, 0, 0;\n}"                                       \
+               : RVD_V4_D64_OUTPUTS(d)                                               \
+               : "l"(a), "l"(b))
+#define RVD_V4_WGMMA_ACCUMULATE(types)                                                \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." types " " RVD_V4_D64   \
+               ", %64, %65, 1, 1, 1, 0, 0;"                                          \
+               : RVD_V4_D64_OPERANDS(d)                                              \
+               : "l"(a), "l"(b))
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  if constexpr (kFirst && kBf16) {
+    RVD_V4_WGMMA_FIRST("bf16.bf16");
+  } else if constexpr (kFirst) {
+    RVD_V4_WGMMA_FIRST("f16.f16");
+  } else if constexpr (kBf16) {
+    RVD_V4_WGMMA_ACCUMULATE("bf16.bf16");
+  } else {
+    RVD_V4_WGMMA_ACCUMULATE("f16.f16");
+  }
+#undef RVD_V4_WGMMA_FIRST
+#undef RVD_V4_WGMMA_ACCUMULATE
+}
+
+#undef RVD_V4_D64
+#undef RVD_V4_D64_OPERANDS
+#undef RVD_V4_D64_OUTPUTS
+#undef RVD_V4_D64_ARGS
+
+template <typename T>
+__device__ __forceinline__ T WarpSum(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float WarpMaxKeepNaN(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float u = __shfl_xor_sync(0xffffffffu, v, o);
+    v = (u > v || u != u) ? u : v;
+  }
+  return v;
+}
+
+#endif  // RVD_FUSED_V4_DEVICE
+
+#ifdef RVD_FUSED_V4_DEVICE
+
+// The producer thread: each job's K-slices into the ring, in job order.
+template <typename T, int kMode>
+__device__ __forceinline__ void ProduceSlices(const CUtensorMap* maps, const MatrixDesc* mats,
+                                              const FusedJobV2* jobs, int num_jobs,
+                                              uint32_t tiles, uint32_t full0, uint32_t empty0) {
+  using L = Layout<T>;
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int j = blockIdx.x; j < num_jobs; j += gridDim.x) {
+    const FusedJobV2 job = jobs[j];
+    const CUtensorMap* map = maps + job.matrix;
+    AcquireTensorMap(map);
+    const int slices = (mats[job.matrix].cols + kSliceK - 1) / kSliceK;
+    const bool one_tile = job.diagonal != 0 || kMode == kProbeBIsA;
+    for (int k = 0; k < slices; ++k) {
+      MbarWait(empty0 + 8 * stage, phase ^ 1);
+      const uint32_t full = full0 + 8 * stage;
+      const uint32_t a = tiles + stage * L::kStageBytes;
+      if constexpr (kMode == kProbeNoLoad) {
+        MbarArrive(full);
+      } else {
+        MbarArriveExpectTx(full, one_tile ? L::kTileBytes : 2 * L::kTileBytes);
+        TmaLoadTile(a, map, k * kSliceK, job.row0, full);
+        if (!one_tile) TmaLoadTile(a + L::kTileBytes, map, k * kSliceK, job.col0, full);
+      }
+      if (++stage == L::kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+  }
+}
+
+// Job j's outputs from each consumer thread's 64 running sums. Fragment
+// entry i: Gram row 16 warp + lane / 4 + 8 ((i / 2) % 2) of the tile,
+// column 8 (i / 4) + 2 (lane % 4) + i % 2.
+__device__ __forceinline__ void ReduceJob(const float (&sum)[64], bool diag, int k, int j,
+                                          double* red, int parity, double* g2,
+                                          double* trace, float* maxabs) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  double g = 0.0, t = 0.0;
+  float dmax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const double v = sum[i];
+    g = fma(v, v, g);
+    const int row = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
+    const int col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+    if (diag && row == col) {
+      t += v;
+      dmax = (sum[i] > dmax || sum[i] != sum[i]) ? sum[i] : dmax;
+    }
+  }
+  g = WarpSum(g);
+  t = WarpSum(t);
+  dmax = WarpMaxKeepNaN(dmax);
+  double* slot = red + parity * kConsumerWarps * 3;
+  if (lane == 0) {
+    slot[3 * warp] = g;
+    slot[3 * warp + 1] = t;
+    slot[3 * warp + 2] = dmax;
+  }
+  asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
+  if (threadIdx.x == 0) {
+    double bg = 0.0, bt = 0.0;
+    float bd = 0.0f;
+    for (int w = 0; w < kConsumerWarps; ++w) {
+      bg += slot[3 * w];
+      bt += slot[3 * w + 1];
+      const float d = static_cast<float>(slot[3 * w + 2]);
+      bd = (d > bd || d != d) ? d : bd;
+    }
+    g2[j] = diag ? bg : 2.0 * bg;
+    trace[j] = bt;
+    float mx = 0.0f;
+    if (diag) {
+      if (bd == 0.0f) {
+        mx = __int_as_float(0x7f800000);  // +Inf: untrusted
+      } else if (isfinite(bd)) {
+        mx = sqrtf(bd / static_cast<float>(k));
+      }
+    }
+    maxabs[j] = mx;
+  }
+}
+
+// f32: the consumers split each 128 x 64 tile into f16 hi + lo (w s = hi +
+// lo + O(2^-22 |w s|), s a power of 2 that puts the tile's largest |w| in
+// [2^14, 2^15): f16's range holds it and lo keeps 11 more bits), and a
+// slice's product is hi hi^T + hi (2 lo)^T = P + 2X (8 chained wgmma),
+// unscaled by s^-2 when added to the sums. The Gram is P + X + X^T; only
+// diagonal jobs run here (n <= 128), so the sums hold the whole square and
+//   trace(P + 2X) = trace(G),
+//   sum (P + 2X)_ij^2 = sum G_ij^2 + sum (X_ij - X_ji)^2    (P symmetric),
+// the last term second order in the rounding residuals (like the lo lo^T
+// that 3xTF32 drops): one product fewer than hi hi^T + hi lo^T + lo hi^T.
+//
+// The scale of a slice after a job's first is the exact scale of the slice
+// before (its largest |w| comes out of the conversion and the barrier that
+// follows it), kept when the slice's own largest |w| w_max fits under it:
+// 2^10 <= w_max s < 65504 (no overflow in hi; at most 4 bits of headroom
+// lost, so lo stays normal for all but entries 2^-13 below w_max). Else
+// the slice is converted again at its exact scale (rare: a jump in
+// magnitude between neighbouring slices). Power-of-2 scales are exact, so
+// the products do not depend on which admissible scale was used beyond
+// subnormal residuals; the choice depends on the matrix alone
+// (deterministic). One read of the tile instead of two (run s3-8).
+constexpr int kConvertTasks = kTile * kSliceK / 4 / (128 * kConsumers);  // float4s per thread
+
+struct TileScale {
+  float scale;  // s
+  float inv;    // s^-2, clamped at 2^126: a tile that large overflows the
+                // f32 Gram anyway, and the finalize then falls back
+};
+
+// The scale that puts w_max (its f32 bits in `max_bits`) in [2^14, 2^15):
+// s = 2^(e - 127) with e = 268 - biased exponent, clamped to [64, 254].
+__device__ __forceinline__ TileScale ExactScale(uint32_t max_bits) {
+  int e = 268 - static_cast<int>(max_bits >> 23);
+  e = e < 64 ? 64 : (e > 254 ? 254 : e);
+  return {__uint_as_float(static_cast<uint32_t>(e) << 23), ldexpf(1.0f, 254 - 2 * e)};
+}
+
+__device__ __forceinline__ bool ScaleFits(uint32_t max_bits, float scale) {
+  const float x = __uint_as_float(max_bits) * scale;
+  return max_bits == 0 || (x >= 1024.0f && x < 65504.0f);  // NaN: false
+}
+
+// The block-wide max of the per-warp maxima in `slot` (after a barrier).
+__device__ __forceinline__ uint32_t BlockMax(const uint32_t* slot) {
+  uint32_t mx = 0;
+#pragma unroll
+  for (int w = 0; w < kConsumerWarps; ++w) mx = max(mx, slot[w]);
+  return mx;
+}
+
+__device__ __forceinline__ uint32_t AbsBits(float4 v) {
+  return max(max(__float_as_uint(v.x) & 0x7fffffffu, __float_as_uint(v.y) & 0x7fffffffu),
+             max(__float_as_uint(v.z) & 0x7fffffffu, __float_as_uint(v.w) & 0x7fffffffu));
+}
+
+// A job's first slice: one read of the tile for its largest |w|.
+__device__ __forceinline__ TileScale ScaleOfTile(const float* src, uint32_t* slot) {
+  const int tid = threadIdx.x, lane = tid % 32;
+  // Task q: float4 t = tid + 256 q of the tile: row t / 16, floats
+  // 4 (t % 16) .. + 3; each 8 lanes read 128 contiguous bytes.
+  const float4* tile = reinterpret_cast<const float4*>(src);
+  uint32_t mx = 0;
+#pragma unroll
+  for (int q = 0; q < kConvertTasks; ++q) mx = max(mx, AbsBits(tile[tid + 128 * kConsumers * q]));
+  mx = __reduce_max_sync(0xffffffffu, mx);
+  if (lane == 0) slot[tid / 32] = mx;
+  asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
+  return ExactScale(BlockMax(slot));
+}
+
+// Writes float4 tid + 256 q of the tile as hi and 2 lo; returns its |w| max
+// (f32 bits).
+__device__ __forceinline__ uint32_t ConvertTask(const float* src, float scale, uint32_t hi,
+                                                uint32_t lo, int q) {
+  const int t = threadIdx.x + 128 * kConsumers * q;
+  const int row = t / 16, h = t % 16;
+  const float4 v = reinterpret_cast<const float4*>(src)[t];
+  const float x[4] = {v.x * scale, v.y * scale, v.z * scale, v.w * scale};
+  __half2 h01 = __floats2half2_rn(x[0], x[1]), h23 = __floats2half2_rn(x[2], x[3]);
+  const float2 b01 = __half22float2(h01), b23 = __half22float2(h23);
+  // 2 lo: x - hi is exact in f32; doubling it is exact.
+  __half2 l01 = __floats2half2_rn(2.0f * (x[0] - b01.x), 2.0f * (x[1] - b01.y));
+  __half2 l23 = __floats2half2_rn(2.0f * (x[2] - b23.x), 2.0f * (x[3] - b23.y));
+  // 16-byte chunk h / 2 of the row, swizzled with row % 8; this half of it.
+  const uint32_t at = row * 128 + (((h / 2) ^ (row % 8)) << 4) + (h % 2) * 8;
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(hi + at),
+               "r"(*reinterpret_cast<uint32_t*>(&h01)), "r"(*reinterpret_cast<uint32_t*>(&h23))
+               : "memory");
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(lo + at),
+               "r"(*reinterpret_cast<uint32_t*>(&l01)), "r"(*reinterpret_cast<uint32_t*>(&l23))
+               : "memory");
+  return AbsBits(v);
+}
+
+#endif  // RVD_FUSED_V4_DEVICE
+
+template <typename T, int kMode>
+__global__ void __launch_bounds__(kThreads, 1)
+    FusedV4Kernel(const CUtensorMap* maps, const MatrixDesc* mats,
+                  const FusedJobV2* jobs, int num_jobs, double* g2, double* trace,
+                  float* maxabs) {
+#ifdef RVD_FUSED_V4_DEVICE
+  using L = Layout<T>;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = SmemAddr(smem_raw);
+  const uint32_t tiles = (raw + 1023) & ~1023u;
+  unsigned char* const base = smem_raw + (tiles - raw);
+  const uint32_t full0 = tiles + L::kBarrierOffset;  // full[s] at full0 + 8 s
+  const uint32_t empty0 = full0 + L::kStages * 8;    // empty[s]
+  double* const red = reinterpret_cast<double*>(base + L::kReduceOffset);
+  uint32_t* const red_max = reinterpret_cast<uint32_t*>(red + 2 * kConsumerWarps * 3);
+
+  const int warp = threadIdx.x / 32;  // consumers 0 .. 7, producer 8 .. 11
+  const int lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < L::kStages; ++s) {
+      MbarInit(full0 + 8 * s, 1);
+      MbarInit(empty0 + 8 * s, kConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp >= kConsumerWarps) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
+    if (warp == kConsumerWarps && lane == 0) {
+      ProduceSlices<T, kMode>(maps, mats, jobs, num_jobs, tiles, full0, empty0);
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
+
+  // Consumers. A slice passes three steps: prepare (wait until its stage is
+  // full; f32: convert it into a hi/lo set and free the stage), issue
+  // (wgmma into part0 or part1), retire (add into the sums; 16-bit: free
+  // the stage). f32 prepares two slices ahead, so that its conversion runs
+  // while two slices of wgmma are queued (0.39 -> 0.37 ms, run s3-3; the
+  // conversion interleaved between the wgmma issues was slower: ptxas made
+  // each wgmma its own group, run s3-4).
+  //
+  // 16-bit Grams of side > 128 chain two slices (8 k-steps) per
+  // accumulator: half the adds, 5-6% faster on 32 x 1024x4096; 128-row
+  // Grams keep one slice per chain (two were 3-5% slower there: a unit
+  // holds two stages). Chosen from the matrix alone, so that a matrix gets
+  // the same bits in every launch; max error 5e-7 (run s3-3). f32 chains
+  // one slice (each has its own scale). A diagonal tile computes its whole
+  // square: giving the second warpgroup the 64 x 64 quadrant (m64n64) made
+  // ptxas serialize every wgmma of the kernel (runs s3-5, s3-6).
+  constexpr bool kSixteen = !L::kF32;
+  const int c = warp / 4;
+  int next = 0, done = 0, conv = 0;
+  uint32_t next_phase = 0;
+  int parity = 0;  // which set of epilogue partials
+  float part0[64], part1[64];
+  for (int j = blockIdx.x; j < num_jobs; j += gridDim.x) {
+    const FusedJobV2 job = jobs[j];
+    const int cols = mats[job.matrix].cols;
+    const int slices = (cols + kSliceK - 1) / kSliceK;
+    const int chain =
+        kSixteen && kMode != kProbeChain1 && mats[job.matrix].n > kTile ? kLargeChainSlices : 1;
+    const int units = (slices + chain - 1) / chain;
+    const bool diag = job.diagonal != 0;
+    const bool one_tile = diag || kMode == kProbeBIsA;
+    float sum[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) sum[i] = 0.0f;
+    auto free_stage = [&] {
+      if (lane == 0) MbarArrive(empty0 + 8 * done);
+      if (++done == L::kStages) done = 0;
+    };
+    // The prepared slice's operand tiles (16-bit: the stage; f32: its hi
+    // set, 2 lo at + kHalfTileBytes) and, f32, its s^-2.
+    uint32_t ready = 0;
+    float ready_inv = 1.0f;
+    int converted = 0;                // f32: slices of this job converted
+    TileScale next_scale{1.0f, 1.0f};  // f32: the last slice's exact scale
+    auto prepare = [&] {
+      MbarWait(full0 + 8 * next, next_phase);
+      const uint32_t stage = tiles + next * L::kStageBytes;
+      if (++next == L::kStages) {
+        next = 0;
+        next_phase ^= 1;
+      }
+      if constexpr (L::kF32) {
+        const uint32_t hi = tiles + L::kConvOffset + conv * 2 * kHalfTileBytes;
+        if (++conv == L::kConvSets) conv = 0;
+        const float* src = reinterpret_cast<const float*>(base + (stage - tiles));
+        // Converts at `ts`, then waits until every consumer has written
+        // its part of the set; returns the slice's largest |w| (bits).
+        auto convert = [&](const TileScale& ts) {
+          uint32_t mx = 0;
+#pragma unroll
+          for (int q = 0; q < kConvertTasks; ++q) {
+            mx = max(mx, ConvertTask(src, ts.scale, hi, hi + kHalfTileBytes, q));
+          }
+          // Two slots, alternating: a warp may write the next slice's
+          // maximum before a slower one has read this one's.
+          uint32_t* slot = red_max + kConsumerWarps * (1 + (converted & 1));
+          mx = __reduce_max_sync(0xffffffffu, mx);
+          if (lane == 0) slot[warp] = mx;
+          // The tensor cores read the set through the async proxy.
+          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+          asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
+          return BlockMax(slot);
+        };
+        if constexpr (kMode != kProbeNoConvert) {
+          const bool exact = converted == 0 || kMode == kProbeTwoPass;
+          TileScale ts = exact ? ScaleOfTile(src, red_max) : next_scale;
+          const uint32_t mx = convert(ts);
+          next_scale = ExactScale(mx);
+          // (The f32 mutant keeps a scale that does not fit.)
+          if (!exact && kMode != kMutant && !ScaleFits(mx, ts.scale)) {  // uniform
+            // (Converting again rewrites the same maxima into the slot.)
+            ts = next_scale;
+            convert(ts);
+          }
+          ready_inv = ts.inv;
+        } else {
+          asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
+        }
+        ++converted;
+        free_stage();
+        ready = hi;
+      } else {
+        ready = stage;
+      }
+    };
+    // The prepared slice into `part` (from zero when `fresh`); f32: hi hi^T
+    // + hi (2 lo)^T.
+    auto issue = [&](float (&part)[64], bool fresh) {
+      using MmaT = std::conditional_t<L::kF32, __half, T>;
+      const uint32_t a = ready + c * 64 * 128;
+      const uint32_t b = L::kF32 || one_tile ? ready : ready + L::kTileBytes;
+#pragma unroll
+      for (int kk = 0; kk < kSliceK / 16; ++kk) {
+        const int kb = kMode == kMutant && !L::kF32 && kk == kSliceK / 16 - 1 ? 0 : kk;
+        const uint64_t da = SwizzledDesc(a + 32 * kk), db = SwizzledDesc(b + 32 * kb);
+        if (kk == 0 && fresh) {
+          WgmmaM64N128K16<MmaT, true>(part, da, db);
+        } else {
+          WgmmaM64N128K16<MmaT, false>(part, da, db);
+        }
+        if constexpr (L::kF32) {
+          WgmmaM64N128K16<MmaT, false>(part, da, SwizzledDesc(b + kHalfTileBytes + 32 * kb));
+        }
+      }
+    };
+    // Slices in unit u: `chain`, except a first unit of one when the count
+    // is odd.
+    auto unit_slices = [&](int u) { return u == 0 && chain * units != slices ? 1 : chain; };
+    // Unit u's slices into `part`, one commit group. Every path from the
+    // fence to the commit issues wgmma: on a path without, ptxas adds an
+    // empty wgmma group, and the wait for one pending group then waits for
+    // the slice just issued (run s3-2).
+    auto issue_unit = [&](float (&part)[64], float& inv, int u) {
+      if (kSixteen) prepare();
+      inv = ready_inv;
+      FenceAccumulators(part);
+      WgmmaFence();
+      issue(part, true);
+      if (unit_slices(u) == 2) {
+        prepare();
+        issue(part, false);
+      }
+      WgmmaCommit();
+    };
+    auto retire = [&](float (&part)[64], float inv, int u) {
+      FenceAccumulators(part);
+      if constexpr (kSixteen) {
+        free_stage();
+        if (unit_slices(u) == 2) free_stage();
+      }
+      if constexpr (kMode == kProbeRetire1) {
+        // One add keeps every wgmma (ptxas drops those whose results are
+        // never read: with no adds at all, 4 of 19 were left, run s3-2).
+        sum[0] = __fadd_rn(sum[0], part[0]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) {
+          sum[i] = L::kF32 ? __fmaf_rn(part[i], inv, sum[i]) : __fadd_rn(sum[i], part[i]);
+        }
+      }
+    };
+    // One step: unit u runs in `run`, unit u + 1 (< units) goes into
+    // `nxt`, then u is retired. f32 prepares unit u + 2 (two ahead).
+    float inv0 = 1.0f, inv1 = 1.0f;
+    auto step = [&](float (&run)[64], float run_inv, float (&nxt)[64], float& nxt_inv, int u) {
+      issue_unit(nxt, nxt_inv, u + 1);
+      if (L::kF32 && u + 2 < units) prepare();
+      WgmmaWait<1>();
+      retire(run, run_inv, u);
+    };
+    if (L::kF32) prepare();
+    issue_unit(part0, inv0, 0);
+    if (L::kF32 && units > 1) prepare();
+    // A fixed pair structure, so that each wgmma names one accumulator
+    // array (else ptxas serializes them: warning C7514).
+    int u = 0;
+    for (; u + 2 < units; u += 2) {
+      step(part0, inv0, part1, inv1, u);
+      step(part1, inv1, part0, inv0, u + 1);
+    }
+    if (u + 1 < units) {
+      step(part0, inv0, part1, inv1, u);
+      WgmmaWait<0>();
+      retire(part1, inv1, u + 1);
+    } else {
+      WgmmaWait<0>();
+      retire(part0, inv0, u);
+    }
+    ReduceJob(sum, diag, cols, j, red, parity, g2, trace, maxabs);
+    parity ^= 1;
+  }
+#endif  // RVD_FUSED_V4_DEVICE
+}
+
+template <typename T, int kMode>
+cudaError_t LaunchFusedV4T(const void* maps, const MatrixDesc* mats,
+                           const FusedJobV2* jobs, int num_jobs, double* g2,
+                           double* trace, float* maxabs, cudaStream_t stream) {
+  if (num_jobs <= 0) return cudaSuccess;
+  auto* kernel = FusedV4Kernel<T, kMode>;
+  constexpr int smem = Layout<T>::kSmemBytes;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  int device = 0, sms = 0;
+  e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) return e;
+  const int grid = num_jobs < sms ? num_jobs : sms;
+  kernel<<<grid, kThreads, smem, stream>>>(static_cast<const CUtensorMap*>(maps), mats, jobs,
+                                           num_jobs, g2, trace, maxabs);
+  return cudaGetLastError();
+}
+
+template <int kMode>
+cudaError_t LaunchFusedV4Dispatch(DType dtype, const void* maps, const MatrixDesc* mats,
+                                  const FusedJobV2* jobs, int num_jobs, double* g2,
+                                  double* trace, float* maxabs, cudaStream_t stream) {
+  switch (dtype) {
+    case DType::kBF16:
+      return LaunchFusedV4T<__nv_bfloat16, kMode>(maps, mats, jobs, num_jobs, g2, trace,
+                                                    maxabs, stream);
+    case DType::kF16:
+      return LaunchFusedV4T<__half, kMode>(maps, mats, jobs, num_jobs, g2, trace, maxabs,
+                                             stream);
+    case DType::kF32:
+      return LaunchFusedV4T<float, kMode>(maps, mats, jobs, num_jobs, g2, trace, maxabs,
+                                            stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace rvd::cuda::fused_v4_s3
+
+#endif  // RVD_KERNELS_CUDA_FUSED_V4_S3_KERNEL_CUH_
