@@ -56,12 +56,6 @@
 #include "nlohmann/json.hpp"
 
 namespace rvd::cuda {
-
-// Session 3's v4 (fused_v4_s3_probe.cu), for one A-B.
-cudaError_t LaunchFusedV4Session3(DType dtype, const void* maps, const MatrixDesc* mats,
-                                  const FusedJobV2* jobs, int num_jobs, double* g2,
-                                  double* trace, float* maxabs, cudaStream_t stream);
-
 namespace {
 
 #define BENCH_CHECK(expr)                                                  \
@@ -373,12 +367,10 @@ struct Contender {
   FusedKernel kernel;
   fused_v4::Mode v4_mode;  // kLive: the live kernel; else a probe
   bool exact;
-  bool session3 = false;  // session 3's v4 (fused_v4_s3_probe.cu)
 };
 constexpr Contender kContenders[] = {
     {"v3", FusedKernel::kV3, fused_v4::kLive, true},
     {"v4", FusedKernel::kV4, fused_v4::kLive, true},
-    {"v4-s3", FusedKernel::kV4, fused_v4::kLive, true, true},
     {"v4-chain1", FusedKernel::kV4, fused_v4::kProbeChain1, true},
     {"v4-b=a", FusedKernel::kV4, fused_v4::kProbeBIsA, false},
     {"v4-noload", FusedKernel::kV4, fused_v4::kProbeNoLoad, false},
@@ -387,12 +379,9 @@ constexpr Contender kContenders[] = {
 };
 
 cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_t s) {
-  if (v.v4_mode == fused_v4::kLive && !v.session3) return RunPrepared(f, s);
-  const cudaError_t e =
-      v.session3 ? LaunchFusedV4Session3(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs, f.g2,
-                                         f.tr, f.mx, s)
-                 : LaunchFusedV4Probe(v.v4_mode, f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs,
-                                      f.g2, f.tr, f.mx, s);
+  if (v.v4_mode == fused_v4::kLive) return RunPrepared(f, s);
+  const cudaError_t e = LaunchFusedV4Probe(v.v4_mode, f.dtype, f.maps, f.desc, f.jobs2,
+                                           f.num_jobs, f.g2, f.tr, f.mx, s);
   if (e != cudaSuccess) return e;
   return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
 }
@@ -464,8 +453,8 @@ int ABAccuracy(cudaStream_t stream, std::mt19937_64& rng, nlohmann::json* acc, b
           *all_ok &= r.mismatches == 0;
           std::printf(" %11.2e%s", r.max_rel_error, r.mismatches ? "!" : " ");
           acc->push_back({{"kernel", v.name}, {"dtype", DTypeName(dt)}, {"rows", rows},
-                         {"cols", cols}, {"spectrum", SpectrumName(sp)},
-                         {"max_rel_err", r.max_rel_error}, {"mismatches", r.mismatches}});
+                          {"cols", cols}, {"spectrum", SpectrumName(sp)},
+                          {"max_rel_err", r.max_rel_error}, {"mismatches", r.mismatches}});
         }
         std::printf("\n");
         cudaFree(dev);
@@ -475,8 +464,8 @@ int ABAccuracy(cudaStream_t stream, std::mt19937_64& rng, nlohmann::json* acc, b
   return 0;
 }
 
-// profile (--ncu): no accuracy table and no timing; v4 and the v4 copies
-// (not the probes) launched twice per case, for a profiler to read.
+// profile (--ncu): no accuracy table and no timing; live v4 (not the
+// probes) launched twice per case, for a profiler to read.
 int AB(cudaStream_t stream, int reps, bool profile, nlohmann::json* out) {
   constexpr int kV = sizeof(kContenders) / sizeof(kContenders[0]);
   std::mt19937_64 rng(11);

@@ -12,6 +12,8 @@
 #   torch_peers.{json,log}    the PyTorch peers (bench/torch_peers.py)
 #   ncu.tgz                   ncu's sections for v4 on the --ab cases
 #                             (rvd_bench_gpu --ncu): details.csv, raw.csv
+# The logs, ncu.tgz and anything else but the JSON files are then packed
+# into logs.tgz: a device call returns at most 8 files.
 # Exit status: non-zero if any step failed (every step still runs).
 # RVD_STEPS="cuda_engine_test gpu_ab" runs only the steps named.
 set -uo pipefail
@@ -57,4 +59,6 @@ step ncu 300 scripts/ncu_v4.sh "$stage/bin/rvd_bench_gpu" "$OUT/ncu"
 step torch_peers 180 bash -c "python3 bench/torch_peers.py > '$OUT/torch_peers.json'"
 cat "$OUT/torch_peers.json" 2>/dev/null
 [[ -f "$OUT/e2e_gpu.log" ]] && grep -h '^{' "$OUT/e2e_gpu.log" > "$OUT/e2e_gpu.json"
+(cd "$OUT" && find . -maxdepth 1 -type f ! -name '*.json' ! -name logs.tgz -printf '%f\n' |
+  tar czf logs.tgz -T - --remove-files)
 exit $rc
