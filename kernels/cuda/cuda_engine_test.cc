@@ -441,6 +441,36 @@ TEST_F(CudaEngineTest, F32MagnitudeJumpsBetweenSlices) {
   }
 }
 
+// More f32 jobs than blocks, with odd, single and partial slice counts:
+// each block's two converter warpgroups take alternate slices across job
+// boundaries, and a group's first slice of a job gets that job's exact
+// scale. Every matrix exact, no oracle fallback, and each one's bits the
+// same as when it is computed alone (one job on one block).
+TEST_F(CudaEngineTest, F32ManyJobsPerBlockOddSliceCounts) {
+  if (!V4Runs()) GTEST_SKIP() << "fused v4 needs compute capability 9.0";
+  std::vector<StoredMatrix> suite;
+  // 5 slices (33 x 300), 1 (7 x 33), 16 with a partial last (128 x 1000):
+  // 300 jobs on the H200's 132 blocks.
+  for (int i = 0; i < 100; ++i) {
+    const Spectrum sp = kAllSpectra[i % 4];
+    for (const Shape sh : {Shape{33, 300}, Shape{7, 33}, Shape{128, 1000}}) {
+      suite.push_back(Store(MakeMatrix(rng_, sh.rows, sh.cols, sp), sh.rows, sh.cols,
+                            DType::kF32, 0, SpectrumName(sp)));
+    }
+  }
+  const std::vector<double> ref = Oracle(suite);
+  const int64_t fallbacks = engine_->ServedCounts()["oracle_fallback"];
+  std::vector<double> out = Poisoned(suite.size());
+  ASSERT_TRUE(engine_->ComputePR(Views(suite), {}, absl::MakeSpan(out)).ok());
+  Check(out, ref, suite, "fused f32, 300 jobs");
+  EXPECT_EQ(engine_->ServedCounts()["oracle_fallback"], fallbacks);
+  for (size_t i : {0, 1, 2, 151, 299}) {
+    std::vector<double> alone = Poisoned(1);
+    ASSERT_TRUE(engine_->ComputePR({suite[i].view}, {}, absl::MakeSpan(alone)).ok());
+    EXPECT_EQ(alone[0], out[i]) << suite[i].label << " #" << i;
+  }
+}
+
 TEST_F(CudaEngineTest, MemoryCapIsResourceExhausted) {
   CudaEngineOptions o;
   o.max_device_bytes = 1 << 20;
