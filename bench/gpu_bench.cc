@@ -56,6 +56,14 @@
 #include "nlohmann/json.hpp"
 
 namespace rvd::cuda {
+
+#ifdef RVD_V4_PREV
+// v4 as it was at an earlier revision (scripts/v4_prev.sh).
+cudaError_t LaunchFusedV4Prev(DType dtype, const void* maps, const MatrixDesc* mats,
+                              const FusedJobV2* jobs, int num_jobs, double* g2, double* trace,
+                              float* maxabs, cudaStream_t stream);
+#endif
+
 namespace {
 
 #define BENCH_CHECK(expr)                                                  \
@@ -367,10 +375,14 @@ struct Contender {
   FusedKernel kernel;
   fused_v4::Mode v4_mode;  // kLive: the live kernel; else a probe
   bool exact;
+  bool prev = false;  // v4 at an earlier revision (scripts/v4_prev.sh)
 };
 constexpr Contender kContenders[] = {
     {"v3", FusedKernel::kV3, fused_v4::kLive, true},
     {"v4", FusedKernel::kV4, fused_v4::kLive, true},
+#ifdef RVD_V4_PREV
+    {"v4-prev", FusedKernel::kV4, fused_v4::kLive, true, true},
+#endif
     {"v4-chain1", FusedKernel::kV4, fused_v4::kProbeChain1, true},
     {"v4-b=a", FusedKernel::kV4, fused_v4::kProbeBIsA, false},
     {"v4-noload", FusedKernel::kV4, fused_v4::kProbeNoLoad, false},
@@ -379,6 +391,14 @@ constexpr Contender kContenders[] = {
 };
 
 cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_t s) {
+#ifdef RVD_V4_PREV
+  if (v.prev) {
+    const cudaError_t e = LaunchFusedV4Prev(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs, f.g2,
+                                            f.tr, f.mx, s);
+    if (e != cudaSuccess) return e;
+    return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
+  }
+#endif
   if (v.v4_mode == fused_v4::kLive) return RunPrepared(f, s);
   const cudaError_t e = LaunchFusedV4Probe(v.v4_mode, f.dtype, f.maps, f.desc, f.jobs2,
                                            f.num_jobs, f.g2, f.tr, f.mx, s);
