@@ -456,7 +456,9 @@ TEST_F(CudaEngineTest, F32MagnitudeJumpsBetweenSlices) {
 // each block's two converter warpgroups take alternate slices across job
 // boundaries, and a group's first slice of a job gets that job's exact
 // scale. Every matrix exact, no oracle fallback, and each one's bits the
-// same as when it is computed alone (one job on one block).
+// same as when it is computed alone (one job on one block). The f32
+// mutant, whose first copy of a job reads the matrix of the block's job
+// before it, must fail the same check on the jobs after each block's first.
 TEST_F(CudaEngineTest, F32ManyJobsPerBlockOddSliceCounts) {
   if (!V4Runs()) GTEST_SKIP() << "fused v4 needs compute capability 9.0";
   std::vector<StoredMatrix> suite;
@@ -477,6 +479,55 @@ TEST_F(CudaEngineTest, F32ManyJobsPerBlockOddSliceCounts) {
     std::vector<double> alone = Poisoned(1);
     ASSERT_TRUE(engine_->ComputePR({suite[i].view}, {}, absl::MakeSpan(alone)).ok());
     EXPECT_EQ(alone[0], out[i]) << suite[i].label << " #" << i;
+  }
+
+  engine_->UseFusedMutantForTest(true);
+  out = Poisoned(suite.size());
+  const absl::Status s = engine_->ComputePR(Views(suite), {}, absl::MakeSpan(out));
+  engine_->UseFusedMutantForTest(false);
+  if (s.ok()) {
+    EXPECT_GT(CheckPR(out, ref, kExactPrTolerance).mismatches,
+              static_cast<int64_t>(suite.size() / 3))
+        << "the f32 job-boundary mutant went unnoticed";
+  } else {  // a wrong slice overflowed f16 at its job's scale (H200 s5-1)
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("NaN or Inf")) << s;
+  }
+}
+
+// v4 cuts the last round's jobs into K-pieces (launch_policy.h,
+// PlanFusedV4) when the jobs do not fill whole rounds of the SMs: 200 jobs
+// on 132 blocks, per dtype; bf16 with off-diagonal jobs and two-slice
+// chains (512 x 1024: 10 jobs each, 16 slices, pieces of 5 and 6). Exact,
+// no fallback, the same bits on a second call, and the served counts show
+// that cut jobs ran ("<policy>/cut").
+TEST_F(CudaEngineTest, V4CutsTheLastRoundIntoPieces) {
+  if (!V4Runs()) GTEST_SKIP() << "fused v4 needs compute capability 9.0";
+  struct Case {
+    DType dtype;
+    Shape shape;
+    int count;
+  };
+  for (const Case c : {Case{DType::kF32, {128, 2048}, 200}, Case{DType::kBF16, {128, 1000}, 200},
+                       Case{DType::kBF16, {512, 1024}, 20}}) {
+    std::vector<StoredMatrix> suite;
+    for (int i = 0; i < c.count; ++i) {
+      const Spectrum sp = kAllSpectra[i % 4];
+      suite.push_back(Store(MakeMatrix(rng_, c.shape.rows, c.shape.cols, sp), c.shape.rows,
+                            c.shape.cols, c.dtype, 0, SpectrumName(sp)));
+    }
+    const std::string what = absl::StrCat(DTypeName(c.dtype), " ", c.count, " x ",
+                                          c.shape.rows, "x", c.shape.cols);
+    const std::string cut_key = absl::StrCat("fused/", kFusedPolicyV4Sm90.name, "/cut");
+    const int64_t cut_before = engine_->ServedCounts()[cut_key];
+    const std::vector<double> ref = Oracle(suite);
+    std::vector<double> out;
+    ExpectExactWithoutFallback(suite, ref, what, &out);
+    if (HasFatalFailure()) return;
+    EXPECT_GT(engine_->ServedCounts()[cut_key], cut_before) << what;
+    std::vector<double> again = Poisoned(suite.size());
+    ASSERT_TRUE(engine_->ComputePR(Views(suite), {}, absl::MakeSpan(again)).ok());
+    for (size_t i = 0; i < suite.size(); ++i) EXPECT_EQ(again[i], out[i]) << what << " #" << i;
   }
 }
 

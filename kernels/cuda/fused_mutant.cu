@@ -1,10 +1,12 @@
 // Test build only: deliberately wrong fused kernels, v1 (tall) and v2
 // (wide): the B operand of every warp tile is read from the row block
 // instead of the column block; v4: the B operand's K offset is one k-step
-// off (bf16), or a scale that does not fit is kept (f32). One wrong index
-// or test each. cuda_engine_test runs the
-// same checker against them and expects mismatches, proving that the
-// checker can fail.
+// off (bf16); f32, a scale that does not fit is kept, and a block's first
+// copy of each job after its first reads the matrix of the job before
+// (two faults, each met by its own GPU test: F32MagnitudeJumpsBetweenSlices
+// has one job per block, F32ManyJobsPerBlockOddSliceCounts no scale that
+// does not fit). cuda_engine_test runs the same checker against them and
+// expects mismatches, proving that the checker can fail.
 #include "kernels/cuda/fused_kernel.cuh"
 #include "kernels/cuda/fused_v2_kernel.cuh"
 #include "kernels/cuda/fused_v4_kernel.cuh"
@@ -32,15 +34,15 @@ cudaError_t LaunchFusedV2Mutant(DType dtype, const MatrixDesc* mats,
 }
 
 cudaError_t LaunchFusedV4Mutant(DType dtype, const void* maps, const MatrixDesc* mats,
-                                const FusedJobV2* jobs, int num_jobs, double* g2,
-                                double* trace, float* maxabs, cudaStream_t stream) {
+                                const FusedJobV2* jobs, const FusedV4Plan& plan, void* workspace,
+                                double* g2, double* trace, float* maxabs, cudaStream_t stream) {
   if (dtype == DType::kF16) return cudaErrorNotSupported;  // bf16 and f32 instances
   if (dtype == DType::kF32) {
-    return fused_v4::LaunchFusedV4T<float, fused_v4::kMutant>(maps, mats, jobs, num_jobs, g2,
-                                                              trace, maxabs, stream);
+    return fused_v4::LaunchFusedV4T<float, fused_v4::kMutant>(maps, mats, jobs, plan, workspace,
+                                                              g2, trace, maxabs, stream);
   }
-  return fused_v4::LaunchFusedV4T<__nv_bfloat16, fused_v4::kMutant>(maps, mats, jobs, num_jobs,
-                                                                    g2, trace, maxabs, stream);
+  return fused_v4::LaunchFusedV4T<__nv_bfloat16, fused_v4::kMutant>(
+      maps, mats, jobs, plan, workspace, g2, trace, maxabs, stream);
 }
 
 const bool kRegistered = [] {
