@@ -43,7 +43,6 @@
 #include <memory>
 #include <random>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -196,13 +195,7 @@ struct FusedPrepared {
   int num_jobs = 0, m = 0;
   bool offdiag = false;
   DType dtype = DType::kF32;
-  FusedV4Plan plan;         // v4's schedule (PlanFusedV4), with `ws` of workspace
-  FusedV4Plan plan_whole;   // the same without cutting jobs (tail_pieces 1)
-  void* ws = nullptr;
-  ~FusedPrepared() {
-    cudaFree(dev);
-    cudaFree(ws);
-  }
+  ~FusedPrepared() { cudaFree(dev); }
 };
 
 // One case is one shape and dtype: without `forced`, the kernel the engine
@@ -271,15 +264,6 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
   }
   BENCH_CHECK(cudaMemcpy(f->jb, jb.data(), jb.size() * 4, cudaMemcpyHostToDevice));
   if (kernel == FusedKernel::kV4) {
-    int min_slices = INT32_MAX;
-    for (const MatrixDesc& d : descs) min_slices = std::min(min_slices, FusedV4Slices(d.cols));
-    LaunchPolicy whole = kFusedPolicyV4Sm90;
-    whole.tail_pieces = 1;
-    f->plan = PlanFusedV4(f->num_jobs, prop.multiProcessorCount, min_slices, kFusedPolicyV4Sm90);
-    f->plan_whole = PlanFusedV4(f->num_jobs, prop.multiProcessorCount, min_slices, whole);
-    if (FusedV4WorkspaceBytes(f->plan) > 0) {
-      BENCH_CHECK(cudaMalloc(&f->ws, FusedV4WorkspaceBytes(f->plan)));
-    }
     std::vector<uint8_t> maps(views.size() * kTensorMapBytes);
     for (size_t i = 0; i < views.size(); ++i) {
       BENCH_CHECK(EncodeFusedV4Map(views[i].dtype, descs[i], maps.data() + i * kTensorMapBytes));
@@ -299,7 +283,7 @@ cudaError_t RunPrepared(const FusedPrepared& f, cudaStream_t s) {
       e = LaunchFusedV2(f.dtype, f.desc, f.jobs2, f.num_jobs, f.offdiag, f.g2, f.tr, f.mx, s);
       break;
     case FusedKernel::kV4:
-      e = LaunchFusedV4(f.dtype, f.maps, f.desc, f.jobs2, f.plan, f.ws, f.g2, f.tr, f.mx, s);
+      e = LaunchFusedV4(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs, f.g2, f.tr, f.mx, s);
       break;
   }
   if (e != cudaSuccess) return e;
@@ -392,12 +376,10 @@ struct Contender {
   fused_v4::Mode v4_mode;  // kLive: the live kernel; else a probe
   bool exact;
   bool prev = false;  // v4 at an earlier revision (scripts/v4_prev.sh)
-  bool whole_jobs = false;  // v4 without cutting the last round's jobs
 };
 constexpr Contender kContenders[] = {
     {"v3", FusedKernel::kV3, fused_v4::kLive, true},
     {"v4", FusedKernel::kV4, fused_v4::kLive, true},
-    {"v4-whole", FusedKernel::kV4, fused_v4::kLive, true, false, true},
 #ifdef RVD_V4_PREV
     {"v4-prev", FusedKernel::kV4, fused_v4::kLive, true, true},
 #endif
@@ -417,12 +399,9 @@ cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_
     return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
   }
 #endif
-  if (v.v4_mode == fused_v4::kLive && !v.whole_jobs) return RunPrepared(f, s);
-  const cudaError_t e =
-      v.whole_jobs ? LaunchFusedV4(f.dtype, f.maps, f.desc, f.jobs2, f.plan_whole, nullptr, f.g2,
-                                   f.tr, f.mx, s)
-                   : LaunchFusedV4Probe(v.v4_mode, f.dtype, f.maps, f.desc, f.jobs2, f.plan,
-                                        f.ws, f.g2, f.tr, f.mx, s);
+  if (v.v4_mode == fused_v4::kLive) return RunPrepared(f, s);
+  const cudaError_t e = LaunchFusedV4Probe(v.v4_mode, f.dtype, f.maps, f.desc, f.jobs2,
+                                           f.num_jobs, f.g2, f.tr, f.mx, s);
   if (e != cudaSuccess) return e;
   return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
 }
@@ -570,19 +549,11 @@ int AB(cudaStream_t stream, int reps, bool profile, nlohmann::json* out) {
       const double sp = *std::max_element(med[v].begin(), med[v].end()) -
                         *std::min_element(med[v].begin(), med[v].end());
       std::printf("  %9.4f +- %6.4f", m, sp);
-      // v4's schedule: whole jobs, then the cut ones' pieces (PlanFusedV4).
-      const FusedV4Plan& plan =
-          kContenders[v].whole_jobs ? prep[v][0].plan_whole : prep[v][0].plan;
       rows.push_back({{"kernel", kContenders[v].name}, {"batch", c.batch}, {"rows", c.rows},
                       {"cols", c.cols}, {"dtype", DTypeName(c.dtype)}, {"kernel_ms", m},
-                      {"spread_ms", sp}, {"rounds_ms", med[v]},
-                      {"v4_plan", {{"grid", plan.grid}, {"whole", plan.whole},
-                                   {"pieces", plan.pieces}, {"units", plan.units}}}});
+                      {"spread_ms", sp}, {"rounds_ms", med[v]}});
     }
-    static_assert(std::string_view(kContenders[1].name) == "v4");
-    const FusedV4Plan p4 = prep[1].empty() ? FusedV4Plan{} : prep[1][0].plan;
-    std::printf("   [v4: %d blocks, %d whole jobs, %d cut into %d pieces]\n", p4.grid, p4.whole,
-                p4.pieces > 1 ? (p4.units - p4.whole) / p4.pieces : 0, p4.pieces);
+    std::printf("\n");
   }
   (*out)["ab_timing"] = rows;
   return all_ok ? 0 : 1;

@@ -417,25 +417,6 @@ class Runner {
       }
     }
     const size_t nj = jobs_.size() + jobs2_.size();
-    // One launch per run of matrices with the same (dtype, kernel); v4's
-    // with its schedule and workspace.
-    struct Launch {
-      size_t s0, s1;
-      FusedV4Plan plan;
-      uint64_t o_ws = 0;
-    };
-    std::vector<Launch> launches;
-    for (size_t s0 = 0, s1 = 0; s0 < m; s0 = s1) {
-      while (s1 < m && key(ctx.order[s1]) == key(ctx.order[s0])) ++s1;
-      Launch l{s0, s1, {}};
-      if (kernel[ctx.order[s0]] == FusedKernel::kV4) {
-        int min_slices = INT32_MAX;
-        for (size_t s = s0; s < s1; ++s) min_slices = std::min(min_slices, FusedV4Slices(descs[s].cols));
-        l.plan = PlanFusedV4(job_begin_[s1] - job_begin_[s0], engine_->sms_, min_slices,
-                             kFusedPolicyV4Sm90);
-      }
-      launches.push_back(l);
-    }
     Layout up;
     const uint64_t o_desc = up.Add(m * sizeof(MatrixDesc));
     const uint64_t o_jobs = up.Add(jobs_.size() * sizeof(FusedJob));
@@ -448,7 +429,6 @@ class Runner {
     const uint64_t o_mx = work.Add(nj * sizeof(float));
     const uint64_t o_pr = work.Add(m * sizeof(double));
     const uint64_t o_st = work.Add(m * sizeof(int32_t));
-    for (Launch& l : launches) l.o_ws = work.Add(FusedV4WorkspaceBytes(l.plan));
     absl::Status s = ctx.EnsurePinned(ctx.up, up.size());
     if (s.ok()) s = ctx.EnsurePinned(ctx.down, m * (sizeof(double) + sizeof(int32_t)));
     if (s.ok()) s = ctx.EnsureDevice(ctx.work, work.size());
@@ -487,11 +467,15 @@ class Runner {
       launch2 = g_fused_v2_mutant_launcher;
       launch4 = g_fused_v4_mutant_launcher;
     }
-    for (const Launch& l : launches) {
-      const DType dt = views[ctx.order[l.s0]].dtype;
-      const FusedKernel k = kernel[ctx.order[l.s0]];
-      const int j0 = job_begin_[l.s0], j1 = job_begin_[l.s1];
-      const int l0 = list_begin[l.s0];
+    // One launch per run of matrices with the same (dtype, kernel).
+    size_t s0 = 0;
+    while (s0 < m) {
+      const DType dt = views[ctx.order[s0]].dtype;
+      const FusedKernel k = kernel[ctx.order[s0]];
+      size_t s1 = s0;
+      while (s1 < m && key(ctx.order[s1]) == key(ctx.order[s0])) ++s1;
+      const int j0 = job_begin_[s0], j1 = job_begin_[s1];
+      const int l0 = list_begin[s0];
       double* g2 = At<double>(w, o_g2) + j0;
       double* tr = At<double>(w, o_tr) + j0;
       float* mx = At<float>(w, o_mx) + j0;
@@ -511,18 +495,12 @@ class Runner {
               launch2(dt, d_desc, d_jobs2 + l0, j1 - j0, offdiag, g2, tr, mx, ctx.stream));
           break;
         case FusedKernel::kV4:
-          RVD_CUDA_RETURN_IF_ERROR(launch4(dt, d_maps, d_desc, d_jobs2 + l0, l.plan,
-                                           At<void>(w, l.o_ws), g2, tr, mx, ctx.stream));
+          RVD_CUDA_RETURN_IF_ERROR(
+              launch4(dt, d_maps, d_desc, d_jobs2 + l0, j1 - j0, g2, tr, mx, ctx.stream));
           break;
       }
-      fused_served_[FusedCountKey(FusedPolicyOf(k))] += static_cast<int64_t>(l.s1 - l.s0);
-      if (l.plan.pieces > 1) {  // "<key>/cut": matrices with jobs cut into K-pieces
-        int64_t cut = 0;
-        for (int j = l.plan.whole; j < j1 - j0; ++j) {
-          cut += j == l.plan.whole || jobs2_[l0 + j].matrix != jobs2_[l0 + j - 1].matrix;
-        }
-        fused_served_[FusedCountKey(FusedPolicyOf(k)) + "/cut"] += cut;
-      }
+      fused_served_[FusedCountKey(FusedPolicyOf(k))] += static_cast<int64_t>(s1 - s0);
+      s0 = s1;
     }
     RVD_CUDA_RETURN_IF_ERROR(LaunchFinalize(
         d_desc, At<int32_t>(w, o_jb), static_cast<int>(m), At<double>(w, o_g2),
@@ -1050,7 +1028,6 @@ absl::Status CudaEngine::Init() {
   RVD_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options_.device));
   sm_major_ = prop.major;
   sm_minor_ = prop.minor;
-  sms_ = prop.multiProcessorCount;
   if (sm_major_ < 8) {
     return absl::UnavailableError(absl::StrCat(
         "CUDA device ", prop.name, " is sm_", sm_major_, sm_minor_,

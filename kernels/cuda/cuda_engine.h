@@ -106,7 +106,7 @@ class CudaEngine : public Engine {
 
   CudaEngineOptions options_;
   std::string version_;
-  int sm_major_ = 0, sm_minor_ = 0, sms_ = 0;
+  int sm_major_ = 0, sm_minor_ = 0;
   std::atomic<bool> use_mutant_{false};
 
   mutable absl::Mutex mu_;

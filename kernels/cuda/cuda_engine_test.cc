@@ -495,42 +495,6 @@ TEST_F(CudaEngineTest, F32ManyJobsPerBlockOddSliceCounts) {
   }
 }
 
-// v4 cuts the last round's jobs into K-pieces (launch_policy.h,
-// PlanFusedV4) when the jobs do not fill whole rounds of the SMs: 200 jobs
-// on 132 blocks, per dtype; bf16 with off-diagonal jobs and two-slice
-// chains (512 x 1024: 10 jobs each, 16 slices, pieces of 5 and 6). Exact,
-// no fallback, the same bits on a second call, and the served counts show
-// that cut jobs ran ("<policy>/cut").
-TEST_F(CudaEngineTest, V4CutsTheLastRoundIntoPieces) {
-  if (!V4Runs()) GTEST_SKIP() << "fused v4 needs compute capability 9.0";
-  struct Case {
-    DType dtype;
-    Shape shape;
-    int count;
-  };
-  for (const Case c : {Case{DType::kF32, {128, 2048}, 200}, Case{DType::kBF16, {128, 1000}, 200},
-                       Case{DType::kBF16, {512, 1024}, 20}}) {
-    std::vector<StoredMatrix> suite;
-    for (int i = 0; i < c.count; ++i) {
-      const Spectrum sp = kAllSpectra[i % 4];
-      suite.push_back(Store(MakeMatrix(rng_, c.shape.rows, c.shape.cols, sp), c.shape.rows,
-                            c.shape.cols, c.dtype, 0, SpectrumName(sp)));
-    }
-    const std::string what = absl::StrCat(DTypeName(c.dtype), " ", c.count, " x ",
-                                          c.shape.rows, "x", c.shape.cols);
-    const std::string cut_key = absl::StrCat("fused/", kFusedPolicyV4Sm90.name, "/cut");
-    const int64_t cut_before = engine_->ServedCounts()[cut_key];
-    const std::vector<double> ref = Oracle(suite);
-    std::vector<double> out;
-    ExpectExactWithoutFallback(suite, ref, what, &out);
-    if (HasFatalFailure()) return;
-    EXPECT_GT(engine_->ServedCounts()[cut_key], cut_before) << what;
-    std::vector<double> again = Poisoned(suite.size());
-    ASSERT_TRUE(engine_->ComputePR(Views(suite), {}, absl::MakeSpan(again)).ok());
-    for (size_t i = 0; i < suite.size(); ++i) EXPECT_EQ(again[i], out[i]) << what << " #" << i;
-  }
-}
-
 TEST_F(CudaEngineTest, MemoryCapIsResourceExhausted) {
   CudaEngineOptions o;
   o.max_device_bytes = 1 << 20;

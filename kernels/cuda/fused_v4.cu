@@ -53,10 +53,10 @@ cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map) {
 }
 
 cudaError_t LaunchFusedV4(DType dtype, const void* maps, const MatrixDesc* mats,
-                          const FusedJobV2* jobs, const FusedV4Plan& plan, void* workspace,
-                          double* g2, double* trace, float* maxabs, cudaStream_t stream) {
-  return fused_v4::LaunchFusedV4Dispatch<fused_v4::kLive>(dtype, maps, mats, jobs, plan,
-                                                          workspace, g2, trace, maxabs, stream);
+                          const FusedJobV2* jobs, int num_jobs, double* g2,
+                          double* trace, float* maxabs, cudaStream_t stream) {
+  return fused_v4::LaunchFusedV4Dispatch<fused_v4::kLive>(dtype, maps, mats, jobs, num_jobs, g2,
+                                                trace, maxabs, stream);
 }
 
 }  // namespace rvd::cuda

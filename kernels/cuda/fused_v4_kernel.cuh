@@ -103,10 +103,9 @@ struct Layout {
   static constexpr int kInvOffset = kSetEmptyOffset + 8 * kSets;
   static constexpr int kReduceOffset = kInvOffset + 16;
   // Epilogue partials (2 sets x 3 doubles per warp), then 3 x 8 words of
-  // per-warp maxima (f32's scales), then a cut job's ticket (CombinePieces).
-  static constexpr int kTicketOffset =
-      kReduceOffset + 2 * kConsumerWarps * 24 + 3 * kConsumerWarps * 4;
-  static constexpr int kSmemBytes = 1024 + kTicketOffset + 64;
+  // per-warp maxima (f32's scales).
+  static constexpr int kSmemBytes = 1024 + kReduceOffset + 2 * kConsumerWarps * 24 +
+                                    3 * kConsumerWarps * 4 + 64;
   // Block: the consumers, then one warpgroup (16-bit: its first thread
   // issues the copies) or, f32, two that convert (and issue the copies).
   static constexpr int kThirdWarpgroups = kF32 ? 2 : 1;
@@ -145,7 +144,7 @@ constexpr LaunchPolicy kPolicy = kFusedPolicyV4Sm90;
 static_assert(kPolicy.block_tile == kTile && kPolicy.col_tile == kTile);
 static_assert(kPolicy.warps * 32 == Layout<__nv_bfloat16>::kThreads &&
               kPolicy.warps_f32 * 32 == Layout<float>::kThreads && kPolicy.warp_tile == 64);
-static_assert(kPolicy.k_slice_bytes == kSliceK * 2 && FusedV4Slices(kSliceK + 1) == 2);
+static_assert(kPolicy.k_slice_bytes == kSliceK * 2);
 static_assert(kPolicy.stages == Layout<__nv_bfloat16>::kStages &&
               kPolicy.stages_offdiag == Layout<__nv_bfloat16>::kStages);
 static_assert(kPolicy.chain_ksteps == kSliceK / 16 && kPolicy.chain_ksteps_f32 == kSliceK / 16);
@@ -155,17 +154,6 @@ constexpr int kLargeChainSlices = kPolicy.chain_ksteps_large / (kSliceK / 16);
 static_assert(kLargeChainSlices == 2 && kPolicy.chain_ksteps_large % (kSliceK / 16) == 0);
 static_assert(kPolicy.f32_split == 2);  // hi hi^T + hi (2 lo)^T
 static_assert(kPolicy.blocks_per_sm == 1);
-
-// The launch's units (launch_policy.h, FusedV4Plan): units 0 .. whole - 1
-// are jobs 0 .. whole - 1; each job after them is `pieces` units, one per
-// K-range, whose partial Grams (128 x 128 f32 each, in piece order per cut
-// job) meet in `partials`; `tickets` (one per cut job, zero at launch)
-// counts the pieces done.
-struct Schedule {
-  int whole, pieces, units;
-  float* partials;
-  int32_t* tickets;
-};
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define RVD_FUSED_V4_DEVICE 1
@@ -324,52 +312,25 @@ __device__ __forceinline__ float WarpMaxKeepNaN(float v) {
   return v;
 }
 
-// Unit u: its job (index and tile), its K-slices [k0, k1) and its piece
-// (-1: the whole job).
-struct Unit {
-  int j, k0, k1, piece;
-  FusedJobV2 job;
-};
-
-__device__ __forceinline__ Unit UnitAt(int u, const Schedule& s, const FusedJobV2* jobs,
-                                       const MatrixDesc* mats) {
-  Unit r;
-  r.j = u;
-  r.piece = -1;
-  if (u >= s.whole) {
-    r.j = s.whole + (u - s.whole) / s.pieces;
-    r.piece = (u - s.whole) % s.pieces;
-  }
-  r.job = jobs[r.j];
-  const int slices = FusedV4Slices(mats[r.job.matrix].cols);
-  r.k0 = 0;
-  r.k1 = slices;
-  if (r.piece >= 0) {
-    r.k0 = PieceBegin(r.piece, s.pieces, slices);
-    r.k1 = PieceBegin(r.piece + 1, s.pieces, slices);
-  }
-  return r;
-}
-
 #endif  // RVD_FUSED_V4_DEVICE
 
 #ifdef RVD_FUSED_V4_DEVICE
 
-// The producer thread: each unit's K-slices into the ring, in unit order.
+// The producer thread: each job's K-slices into the ring, in job order.
 template <typename T, int kMode>
 __device__ __forceinline__ void ProduceSlices(const CUtensorMap* maps, const MatrixDesc* mats,
-                                              const FusedJobV2* jobs, const Schedule& sched,
+                                              const FusedJobV2* jobs, int num_jobs,
                                               uint32_t tiles, uint32_t full0, uint32_t empty0) {
   using L = Layout<T>;
   int stage = 0;
   uint32_t phase = 0;
-  for (int u = blockIdx.x; u < sched.units; u += gridDim.x) {
-    const Unit unit = UnitAt(u, sched, jobs, mats);
-    const FusedJobV2 job = unit.job;
+  for (int j = blockIdx.x; j < num_jobs; j += gridDim.x) {
+    const FusedJobV2 job = jobs[j];
     const CUtensorMap* map = maps + job.matrix;
     AcquireTensorMap(map);
+    const int slices = (mats[job.matrix].cols + kSliceK - 1) / kSliceK;
     const bool one_tile = job.diagonal != 0 || kMode == kProbeBIsA;
-    for (int k = unit.k0; k < unit.k1; ++k) {
+    for (int k = 0; k < slices; ++k) {
       MbarWait(empty0 + 8 * stage, phase ^ 1);
       const uint32_t full = full0 + 8 * stage;
       const uint32_t a = tiles + stage * L::kStageBytes;
@@ -439,39 +400,6 @@ __device__ __forceinline__ void ReduceJob(const float (&sum)[64], bool diag, int
     }
     maxabs[j] = mx;
   }
-}
-
-// A piece of cut job unit.j is done with its partial Gram in `sum`: the
-// consumers store it, and the block that finishes the job's last piece
-// (the ticket) loads all of them and adds them in piece order into `sum`
-// (returns true: the job's epilogue is this block's). Stores, fence,
-// barrier, then one atomic per block; the reads go to L2 (ld.cg), as
-// CUDA's threadFenceReduction sample.
-__device__ __forceinline__ bool CombinePieces(float (&sum)[64], const Unit& unit,
-                                              const Schedule& s, int* ticket) {
-  constexpr int kThreads = 128 * kConsumers;
-  constexpr int kPartial = 64 * kThreads;  // = kTile * kTile
-  const int t = threadIdx.x;
-  const int cut = unit.j - s.whole;
-  float* const first = s.partials + static_cast<size_t>(cut) * s.pieces * kPartial;
-  float* const mine = first + unit.piece * kPartial;
-#pragma unroll
-  for (int i = 0; i < 64; ++i) __stcg(mine + i * kThreads + t, sum[i]);
-  __threadfence();
-  asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
-  if (t == 0) *ticket = atomicAdd(s.tickets + cut, 1);
-  asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
-  if (*ticket != s.pieces - 1) return false;
-  __threadfence();
-#pragma unroll
-  for (int i = 0; i < 64; ++i) sum[i] = __ldcg(first + i * kThreads + t);
-  for (int q = 1; q < s.pieces; ++q) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      sum[i] = __fadd_rn(sum[i], __ldcg(first + q * kPartial + i * kThreads + t));
-    }
-  }
-  return true;
 }
 
 // f32: the converter warpgroups split each 128 x 64 tile into f16 hi + lo
@@ -608,30 +536,31 @@ __device__ __forceinline__ float ConvertTile(const float* src, float scale, uint
   return mx;
 }
 
-// This block's K-slices in order: unit u's slice k, the n-th.
+// This block's K-slices in order: job j's slice k of `slices`, the n-th.
 struct SliceCursor {
-  int u, k, n;
-  Unit unit;
+  int j, k, slices, n;
+  FusedJobV2 job;
 
   __device__ __forceinline__ void Start(const FusedJobV2* jobs, const MatrixDesc* mats,
-                                        const Schedule& sched) {
-    u = blockIdx.x;
-    n = 0;
-    Load(jobs, mats, sched);
+                                        int num_jobs) {
+    j = blockIdx.x;
+    k = n = 0;
+    Load(jobs, mats, num_jobs);
   }
   __device__ __forceinline__ void Next(const FusedJobV2* jobs, const MatrixDesc* mats,
-                                       const Schedule& sched) {
+                                       int num_jobs) {
     ++n;
-    if (++k == unit.k1) {
-      u += gridDim.x;
-      Load(jobs, mats, sched);
+    if (++k == slices) {
+      k = 0;
+      j += gridDim.x;
+      Load(jobs, mats, num_jobs);
     }
   }
   __device__ __forceinline__ void Load(const FusedJobV2* jobs, const MatrixDesc* mats,
-                                       const Schedule& sched) {
-    if (u >= sched.units) return;
-    unit = UnitAt(u, sched, jobs, mats);
-    k = unit.k0;
+                                       int num_jobs) {
+    if (j >= num_jobs) return;
+    job = jobs[j];
+    slices = (mats[job.matrix].cols + kSliceK - 1) / kSliceK;
   }
 };
 
@@ -644,7 +573,7 @@ struct SliceCursor {
 // says it is read (so the f32 stages need no `empty` barriers).
 template <int kMode>
 __device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const MatrixDesc* mats,
-                                              const FusedJobV2* jobs, const Schedule& sched,
+                                              const FusedJobV2* jobs, int num_jobs,
                                               uint32_t tiles, const unsigned char* base,
                                               uint32_t full0, uint32_t set_full0,
                                               uint32_t set_empty0, float* set_inv,
@@ -656,26 +585,26 @@ __device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const Mat
   // This group's words of red_max: 4 for ScaleOfTile, 2 x 4 alternating.
   uint32_t* const slots = red_max + 12 * g;
   auto step = [&](SliceCursor& c) {
-    for (int i = 0; i < kConverterGroups; ++i) c.Next(jobs, mats, sched);
+    for (int i = 0; i < kConverterGroups; ++i) c.Next(jobs, mats, num_jobs);
   };
   SliceCursor cur;
-  cur.Start(jobs, mats, sched);
-  for (int i = 0; i < g; ++i) cur.Next(jobs, mats, sched);
+  cur.Start(jobs, mats, num_jobs);
+  for (int i = 0; i < g; ++i) cur.Next(jobs, mats, num_jobs);
   // The copies (converter 0): `load` runs kStages slices ahead of `cur`.
   SliceCursor load = cur;
-  int acquired = -1;  // the unit whose tensor map was last acquired
+  int acquired = -1;  // the job whose tensor map was last acquired
   int last_matrix = -1;
   auto issue_load = [&] {
-    if (load.u >= sched.units) return;
-    int matrix = load.unit.job.matrix;
-    // (The f32 mutant reads a unit's first slice from the matrix of the
-    // block's unit before it.)
-    if (kMode == kMutant && load.k == load.unit.k0 && last_matrix >= 0) matrix = last_matrix;
-    last_matrix = load.unit.job.matrix;
+    if (load.j >= num_jobs) return;
+    int matrix = load.job.matrix;
+    // (The f32 mutant reads a job's first slice from the matrix of the
+    // block's job before it.)
+    if (kMode == kMutant && load.k == 0 && last_matrix >= 0) matrix = last_matrix;
+    last_matrix = load.job.matrix;
     const CUtensorMap* map = maps + matrix;
-    if (load.u != acquired) {
+    if (load.j != acquired) {
       AcquireTensorMap(map);
-      acquired = load.u;
+      acquired = load.j;
     }
     const int stage = load.n % L::kStages;
     const uint32_t full = full0 + 8 * stage;
@@ -683,8 +612,7 @@ __device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const Mat
       MbarArrive(full);
     } else {
       MbarArriveExpectTx(full, L::kTileBytes);
-      TmaLoadTile(tiles + stage * L::kStageBytes, map, load.k * kSliceK, load.unit.job.row0,
-                  full);
+      TmaLoadTile(tiles + stage * L::kStageBytes, map, load.k * kSliceK, load.job.row0, full);
     }
     step(load);
   };
@@ -692,9 +620,9 @@ __device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const Mat
     for (int i = 0; i < L::kStages / kConverterGroups; ++i) issue_load();
   }
   int converted = 0;
-  int scaled_unit = -1;              // the unit of next_scale
+  int scaled_job = -1;               // the job of next_scale
   TileScale next_scale{1.0f, 1.0f};  // the group's last slice's exact scale
-  for (; cur.u < sched.units; step(cur)) {
+  for (; cur.j < num_jobs; step(cur)) {
     const int stage = cur.n % L::kStages, set = cur.n % L::kSets;
     MbarWait(full0 + 8 * stage, (cur.n / L::kStages) & 1);
     MbarWait(set_empty0 + 8 * set, ((cur.n / L::kSets) & 1) ^ 1);
@@ -712,11 +640,11 @@ __device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const Mat
     };
     float inv = 1.0f;
     if constexpr (kMode != kProbeNoConvert) {
-      const bool exact = cur.u != scaled_unit;
+      const bool exact = cur.j != scaled_job;
       TileScale ts = exact ? ScaleOfTile(src, ct, g, slots) : next_scale;
       const uint32_t mx = convert(ts);
       next_scale = ExactScale(mx);
-      scaled_unit = cur.u;
+      scaled_job = cur.j;
       // (The f32 mutant keeps a scale that does not fit.)
       if (!exact && kMode != kMutant && !ScaleFits(mx, ts.scale)) {  // uniform
         // (Converting again rewrites the same maxima into the slot.)
@@ -740,8 +668,9 @@ __device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const Mat
 
 template <typename T, int kMode>
 __global__ void __launch_bounds__(Layout<T>::kThreads, 1)
-    FusedV4Kernel(const CUtensorMap* maps, const MatrixDesc* mats, const FusedJobV2* jobs,
-                  Schedule sched, double* g2, double* trace, float* maxabs) {
+    FusedV4Kernel(const CUtensorMap* maps, const MatrixDesc* mats,
+                  const FusedJobV2* jobs, int num_jobs, double* g2, double* trace,
+                  float* maxabs) {
 #ifdef RVD_FUSED_V4_DEVICE
   using L = Layout<T>;
   using R = Registers<T>;
@@ -756,7 +685,6 @@ __global__ void __launch_bounds__(Layout<T>::kThreads, 1)
   float* const set_inv = reinterpret_cast<float*>(base + L::kInvOffset);
   double* const red = reinterpret_cast<double*>(base + L::kReduceOffset);
   uint32_t* const red_max = reinterpret_cast<uint32_t*>(red + 2 * kConsumerWarps * 3);
-  int* const ticket = reinterpret_cast<int*>(base + L::kTicketOffset);
 
   const int warp = threadIdx.x / 32;  // consumers 0 .. 7, then the third warpgroup(s)
   const int lane = threadIdx.x % 32;
@@ -776,10 +704,10 @@ __global__ void __launch_bounds__(Layout<T>::kThreads, 1)
   if (warp >= kConsumerWarps) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R::kThird));
     if constexpr (L::kF32) {
-      ConvertSlices<kMode>(maps, mats, jobs, sched, tiles, base, full0, set_full0, set_empty0,
+      ConvertSlices<kMode>(maps, mats, jobs, num_jobs, tiles, base, full0, set_full0, set_empty0,
                            set_inv, red_max);
     } else if (warp == kConsumerWarps && lane == 0) {
-      ProduceSlices<T, kMode>(maps, mats, jobs, sched, tiles, full0, empty0);
+      ProduceSlices<T, kMode>(maps, mats, jobs, num_jobs, tiles, full0, empty0);
     }
     return;
   }
@@ -791,7 +719,7 @@ __global__ void __launch_bounds__(Layout<T>::kThreads, 1)
   //
   // 16-bit Grams of side > 128 chain two slices (8 k-steps) per
   // accumulator: half the adds, 5-6% faster on 32 x 1024x4096; 128-row
-  // Grams keep one slice per chain (two were 3-5% slower there: a chain
+  // Grams keep one slice per chain (two were 3-5% slower there: a unit
   // holds two stages). Chosen from the matrix alone, so that a matrix gets
   // the same bits in every launch; max error 5e-7 (run s3-3). f32 chains
   // one slice (each has its own scale). A diagonal tile computes its whole
@@ -804,14 +732,13 @@ __global__ void __launch_bounds__(Layout<T>::kThreads, 1)
   uint32_t next_phase = 0;
   int parity = 0;  // which set of epilogue partials
   float part0[64], part1[64];
-  for (int w = blockIdx.x; w < sched.units; w += gridDim.x) {
-    const Unit unit = UnitAt(w, sched, jobs, mats);
-    const FusedJobV2 job = unit.job;
+  for (int j = blockIdx.x; j < num_jobs; j += gridDim.x) {
+    const FusedJobV2 job = jobs[j];
     const int cols = mats[job.matrix].cols;
-    const int slices = unit.k1 - unit.k0;
+    const int slices = (cols + kSliceK - 1) / kSliceK;
     const int chain =
         !L::kF32 && kMode != kProbeChain1 && mats[job.matrix].n > kTile ? kLargeChainSlices : 1;
-    const int chains = (slices + chain - 1) / chain;
+    const int units = (slices + chain - 1) / chain;
     const bool diag = job.diagonal != 0;
     const bool one_tile = diag || kMode == kProbeBIsA;
     float sum[64];
@@ -854,20 +781,20 @@ __global__ void __launch_bounds__(Layout<T>::kThreads, 1)
         }
       }
     };
-    // Slices in chain u: `chain`, except a first chain of one when the count
+    // Slices in unit u: `chain`, except a first unit of one when the count
     // is odd.
-    auto chain_slices = [&](int u) { return u == 0 && chain * chains != slices ? 1 : chain; };
-    // Chain u's slices into `part`, one commit group. Every path from the
+    auto unit_slices = [&](int u) { return u == 0 && chain * units != slices ? 1 : chain; };
+    // Unit u's slices into `part`, one commit group. Every path from the
     // fence to the commit issues wgmma: on a path without, ptxas adds an
     // empty wgmma group, and the wait for one pending group then waits for
     // the slice just issued (run s3-2).
-    auto issue_chain = [&](float (&part)[64], float& inv, int u) {
+    auto issue_unit = [&](float (&part)[64], float& inv, int u) {
       prepare();
       inv = ready_inv;
       FenceAccumulators(part);
       WgmmaFence();
       issue(part, true);
-      if (chain_slices(u) == 2) {
+      if (unit_slices(u) == 2) {
         prepare();
         issue(part, false);
       }
@@ -876,7 +803,7 @@ __global__ void __launch_bounds__(Layout<T>::kThreads, 1)
     auto retire = [&](float (&part)[64], float inv, int u) {
       FenceAccumulators(part);
       free_slot();
-      if (chain_slices(u) == 2) free_slot();
+      if (unit_slices(u) == 2) free_slot();
       if constexpr (kMode == kProbeRetire1) {
         // One add keeps every wgmma (ptxas drops those whose results are
         // never read: with no adds at all, 4 of 19 were left, run s3-2).
@@ -888,40 +815,34 @@ __global__ void __launch_bounds__(Layout<T>::kThreads, 1)
         }
       }
     };
-    // One step: chain u runs in `run`, chain u + 1 (< chains) goes into
+    // One step: unit u runs in `run`, unit u + 1 (< units) goes into
     // `nxt`, then u is retired.
-    // The unit's epilogue: a whole job's, or a piece's (CombinePieces).
-    auto finish = [&] {
-      if (unit.piece < 0 || CombinePieces(sum, unit, sched, ticket)) {
-        ReduceJob(sum, diag, cols, unit.j, red, parity, g2, trace, maxabs);
-        parity ^= 1;
-      }
-    };
     float inv0 = 1.0f, inv1 = 1.0f;
     auto step = [&](float (&run)[64], float run_inv, float (&nxt)[64], float& nxt_inv, int u) {
-      issue_chain(nxt, nxt_inv, u + 1);
+      issue_unit(nxt, nxt_inv, u + 1);
       WgmmaWait<1>();
       retire(run, run_inv, u);
     };
     if constexpr (L::kF32) {
       // One accumulator set: each slice is added once its wgmma are done.
-      for (int u = 0; u < chains; ++u) {
-        issue_chain(part0, inv0, u);
+      for (int u = 0; u < units; ++u) {
+        issue_unit(part0, inv0, u);
         WgmmaWait<0>();
         retire(part0, inv0, u);
       }
-      finish();
+      ReduceJob(sum, diag, cols, j, red, parity, g2, trace, maxabs);
+      parity ^= 1;
       continue;
     }
-    issue_chain(part0, inv0, 0);
+    issue_unit(part0, inv0, 0);
     // A fixed pair structure, so that each wgmma names one accumulator
     // array (else ptxas serializes them: warning C7514).
     int u = 0;
-    for (; u + 2 < chains; u += 2) {
+    for (; u + 2 < units; u += 2) {
       step(part0, inv0, part1, inv1, u);
       step(part1, inv1, part0, inv0, u + 1);
     }
-    if (u + 1 < chains) {
+    if (u + 1 < units) {
       step(part0, inv0, part1, inv1, u);
       WgmmaWait<0>();
       retire(part1, inv1, u + 1);
@@ -929,52 +850,45 @@ __global__ void __launch_bounds__(Layout<T>::kThreads, 1)
       WgmmaWait<0>();
       retire(part0, inv0, u);
     }
-    finish();
+    ReduceJob(sum, diag, cols, j, red, parity, g2, trace, maxabs);
+    parity ^= 1;
   }
 #endif  // RVD_FUSED_V4_DEVICE
 }
 
-// One launch of `plan` (launch_policy.h, PlanFusedV4) over `jobs`, with
-// FusedV4WorkspaceBytes(plan) of device memory at `workspace` (partial
-// Grams, then the tickets, which are zeroed here).
 template <typename T, int kMode>
-cudaError_t LaunchFusedV4T(const void* maps, const MatrixDesc* mats, const FusedJobV2* jobs,
-                           const FusedV4Plan& plan, void* workspace, double* g2, double* trace,
-                           float* maxabs, cudaStream_t stream) {
-  if (plan.units <= 0) return cudaSuccess;
-  Schedule sched{plan.whole, plan.pieces, plan.units, nullptr, nullptr};
-  if (plan.pieces > 1) {
-    sched.partials = static_cast<float*>(workspace);
-    sched.tickets = reinterpret_cast<int32_t*>(sched.partials + FusedV4PartialFloats(plan));
-    const size_t cut = (plan.units - plan.whole) / plan.pieces;
-    const cudaError_t e = cudaMemsetAsync(sched.tickets, 0, cut * sizeof(int32_t), stream);
-    if (e != cudaSuccess) return e;
-  }
+cudaError_t LaunchFusedV4T(const void* maps, const MatrixDesc* mats,
+                           const FusedJobV2* jobs, int num_jobs, double* g2,
+                           double* trace, float* maxabs, cudaStream_t stream) {
+  if (num_jobs <= 0) return cudaSuccess;
   auto* kernel = FusedV4Kernel<T, kMode>;
   constexpr int smem = Layout<T>::kSmemBytes;
-  const cudaError_t e =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  kernel<<<plan.grid, Layout<T>::kThreads, smem, stream>>>(
-      static_cast<const CUtensorMap*>(maps), mats, jobs, sched, g2, trace, maxabs);
+  int device = 0, sms = 0;
+  e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) return e;
+  const int grid = num_jobs < sms ? num_jobs : sms;
+  kernel<<<grid, Layout<T>::kThreads, smem, stream>>>(static_cast<const CUtensorMap*>(maps), mats, jobs,
+                                           num_jobs, g2, trace, maxabs);
   return cudaGetLastError();
 }
 
 template <int kMode>
 cudaError_t LaunchFusedV4Dispatch(DType dtype, const void* maps, const MatrixDesc* mats,
-                                  const FusedJobV2* jobs, const FusedV4Plan& plan,
-                                  void* workspace, double* g2, double* trace, float* maxabs,
-                                  cudaStream_t stream) {
+                                  const FusedJobV2* jobs, int num_jobs, double* g2,
+                                  double* trace, float* maxabs, cudaStream_t stream) {
   switch (dtype) {
     case DType::kBF16:
-      return LaunchFusedV4T<__nv_bfloat16, kMode>(maps, mats, jobs, plan, workspace, g2, trace,
-                                                  maxabs, stream);
+      return LaunchFusedV4T<__nv_bfloat16, kMode>(maps, mats, jobs, num_jobs, g2, trace,
+                                                    maxabs, stream);
     case DType::kF16:
-      return LaunchFusedV4T<__half, kMode>(maps, mats, jobs, plan, workspace, g2, trace, maxabs,
-                                           stream);
+      return LaunchFusedV4T<__half, kMode>(maps, mats, jobs, num_jobs, g2, trace, maxabs,
+                                             stream);
     case DType::kF32:
-      return LaunchFusedV4T<float, kMode>(maps, mats, jobs, plan, workspace, g2, trace, maxabs,
-                                          stream);
+      return LaunchFusedV4T<float, kMode>(maps, mats, jobs, num_jobs, g2, trace, maxabs,
+                                            stream);
   }
   return cudaErrorInvalidValue;
 }

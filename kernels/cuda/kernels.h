@@ -65,15 +65,13 @@ cudaError_t LaunchFusedV2Probe(const MatrixDesc* mats, const FusedJobV2* jobs,
 // (kFusedPolicyV4Sm90); `maps` holds one kTensorMapBytes tensor map per
 // matrix index (EncodeFusedV4Map, 64-byte aligned device memory); outputs
 // per job as LaunchFused, except maxabs (sqrt(max_i G_ii / k): see
-// fused_v4_kernel.cuh). `plan` (PlanFusedV4 for the jobs and the device's
-// SM count) schedules them; `workspace`: FusedV4WorkspaceBytes(plan) of
-// device memory.
+// fused_v4_kernel.cuh).
 inline constexpr int kTensorMapBytes = 128;
 // Host only: writes matrix d's tensor map (d.data a device pointer) to `map`.
 cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map);
 cudaError_t LaunchFusedV4(DType dtype, const void* maps, const MatrixDesc* mats,
-                          const FusedJobV2* jobs, const FusedV4Plan& plan, void* workspace,
-                          double* g2, double* trace, float* maxabs, cudaStream_t stream);
+                          const FusedJobV2* jobs, int num_jobs, double* g2,
+                          double* trace, float* maxabs, cudaStream_t stream);
 
 namespace fused_v4 {
 // Fused v4's purpose, the kernel's template argument: the product runs
@@ -86,7 +84,8 @@ enum Mode : int {
   // of W W^T), which the finalize's range test does not turn into a
   // fallback; the checks against the oracle must catch it. f32: a slice
   // keeps the scale of the slice converted before it, whether or not it
-  // fits (its hi overflows when the magnitude jumps up).
+  // fits (its hi overflows when the magnitude jumps up), and a job's first
+  // slice is copied from the matrix of the block's job before it.
   kMutant,
   kProbeBIsA,      // every job loads and multiplies its row tile only
   kProbeNoLoad,    // the producer signals stages without loading them
@@ -100,9 +99,8 @@ enum Mode : int {
 // bench only): v4 in a probe mode. kProbeChain1 is exact, the others wrong
 // on purpose.
 cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const void* maps,
-                               const MatrixDesc* mats, const FusedJobV2* jobs,
-                               const FusedV4Plan& plan, void* workspace, double* g2,
-                               double* trace, float* maxabs, cudaStream_t stream);
+                               const MatrixDesc* mats, const FusedJobV2* jobs, int num_jobs,
+                               double* g2, double* trace, float* maxabs, cudaStream_t stream);
 
 // Test hooks: the mutant launchers (v1 and v2), set by fused_mutant.cu's
 // static initializer in the test binary; nullptr in the product.
@@ -115,8 +113,8 @@ using FusedV2Launcher = cudaError_t (*)(DType, const MatrixDesc*,
                                         double*, float*, cudaStream_t);
 extern FusedV2Launcher g_fused_v2_mutant_launcher;
 using FusedV4Launcher = cudaError_t (*)(DType, const void*, const MatrixDesc*,
-                                        const FusedJobV2*, const FusedV4Plan&, void*, double*,
-                                        double*, float*, cudaStream_t);
+                                        const FusedJobV2*, int, double*, double*,
+                                        float*, cudaStream_t);
 extern FusedV4Launcher g_fused_v4_mutant_launcher;
 
 // Per matrix m: sums its jobs [job_begin[m], job_begin[m+1]) in job order,

@@ -47,38 +47,6 @@ void AppendFusedJobsV2(int32_t matrix, int64_t side, const LaunchPolicy& p,
   }
 }
 
-FusedV4Plan PlanFusedV4(int num_jobs, int sms, int min_slices, const LaunchPolicy& policy) {
-  FusedV4Plan plan;
-  plan.grid = std::min(num_jobs, sms);
-  plan.whole = plan.units = num_jobs;
-  const int tail = plan.grid > 0 ? num_jobs % plan.grid : 0;
-  if (num_jobs <= sms || tail == 0) return plan;
-  // The busiest block's share of the tail, in jobs: ceil(tail p / grid) / p.
-  auto share = [&](int p) { return static_cast<double>((tail * p + sms - 1) / sms) / p; };
-  const int most = std::min(policy.tail_pieces, min_slices / kFusedV4MinPieceSlices);
-  int best = 1;
-  for (int p = 2; p <= most; ++p) {
-    if (share(p) < share(best)) best = p;
-  }
-  if (best == 1) return plan;
-  plan.pieces = best;
-  plan.whole = num_jobs - tail;
-  plan.units = plan.whole + tail * best;
-  return plan;
-}
-
-int64_t FusedV4PartialFloats(const FusedV4Plan& plan) {
-  if (plan.pieces == 1) return 0;
-  return int64_t{plan.units - plan.whole} * kFusedPolicyV4Sm90.block_tile *
-         kFusedPolicyV4Sm90.block_tile;
-}
-
-int64_t FusedV4WorkspaceBytes(const FusedV4Plan& plan) {
-  if (plan.pieces == 1) return 0;
-  const int64_t cut = (plan.units - plan.whole) / plan.pieces;
-  return FusedV4PartialFloats(plan) * int64_t{sizeof(float)} + cut * int64_t{sizeof(int32_t)};
-}
-
 int64_t GramSide(int64_t rows, int64_t cols) { return std::min(rows, cols); }
 
 void EnumerateFusedJobs(absl::Span<const int64_t> sides, int block_tile,

@@ -36,7 +36,6 @@ struct LaunchPolicy {
   int chain_ksteps_f32 = 0;  // the same for f32 inputs; 0: v2's code
   int chain_ksteps_large = 0;  // 16-bit Grams of side > col_tile (v4); 0: chain_ksteps
   int warps_f32 = 0;     // warps per block for f32 inputs (v4); 0: warps
-  int tail_pieces = 1;   // v4: most K-pieces a job of the last round is cut into
 };
 
 // sm_90 (H200), the only tuned target. Values and where they came from:
@@ -140,12 +139,10 @@ inline constexpr LaunchPolicy kFusedPolicyV3Sm90{
 // runs s3-3 .. s3-9), max error 5e-7; 128-row Grams keep 4 (8 was 3-5%
 // slower there). f32 (Gram side <= 128): two converter warpgroups split
 // each tile into scaled f16 hi + 2 lo (warps_f32 16: 512 threads), the
-// consumers run 8 wgmma per slice. tail_pieces 8: the last round's jobs
-// cut into up to 8 K-pieces (FusedV4Plan), so that 480 jobs on 132 SMs
-// take 3 2/3 rounds of work instead of 4.
-// Measurements: NOTES.md, fused v4; bench/RESULTS.md, sessions 2 to 5.
+// consumers run 8 wgmma per slice.
+// Measurements: NOTES.md, fused v4; bench/RESULTS.md, sessions 2 to 4.
 inline constexpr LaunchPolicy kFusedPolicyV4Sm90{
-    "fused-v4-tma-wgmma-bt128s6c8w16t8", 128, 12, 64, 128, 6, 2, 128, 1, 6, 4, 4, 8, 16, 8};
+    "fused-v4-tma-wgmma-bt128s6c8w16", 128, 12, 64, 128, 6, 2, 128, 1, 6, 4, 4, 8, 16};
 
 // The kernel version string, e.g.
 // "cuda-fused-v4/sm90/fused-v4-...+fused-v3-...+tall:fused-v1-...": the
@@ -193,49 +190,6 @@ struct FusedJobV2 {
 // row tile, its diagonal job, then its off-diagonal column tiles.
 void AppendFusedJobsV2(int32_t matrix, int64_t side, const LaunchPolicy& p,
                        std::vector<FusedJobV2>* jobs);
-
-// Fused v4's schedule of one launch: `grid` persistent blocks take units
-// round-robin. Units 0 .. whole - 1 are jobs 0 .. whole - 1, computed whole;
-// every job after them (the last round's, which would leave blocks idle)
-// is cut into `pieces` K-ranges, one unit each, and the last of its
-// pieces to finish adds the partial Grams in piece order. Depends only on
-// the job count, the SM count and the shortest job: the same launch gives
-// the same bits.
-struct FusedV4Plan {
-  int grid = 0;
-  int whole = 0;
-  int pieces = 1;
-  int units = 0;
-};
-
-// A job's slices per piece are at least kFusedV4MinPieceSlices.
-inline constexpr int kFusedV4MinPieceSlices = 4;
-
-// The plan for `num_jobs` jobs, of at least `min_slices` K-slices each, on
-// `sms` SMs: pieces (<= policy.tail_pieces) chosen to make the blocks'
-// largest share of the last round's work smallest, the fewest on ties.
-FusedV4Plan PlanFusedV4(int num_jobs, int sms, int min_slices, const LaunchPolicy& policy);
-
-// Piece p of `pieces` of a job of `slices` K-slices: [PieceBegin(p), PieceBegin(p + 1)).
-// (Also the kernel's: host and device code.)
-#ifdef __CUDACC__
-#define RVD_HOST_DEVICE __host__ __device__
-#else
-#define RVD_HOST_DEVICE
-#endif
-RVD_HOST_DEVICE constexpr int PieceBegin(int p, int pieces, int slices) {
-  return static_cast<int>(static_cast<int64_t>(p) * slices / pieces);
-}
-
-// K-slices of a v4 job on a matrix of `cols` columns (64 elements each).
-RVD_HOST_DEVICE constexpr int FusedV4Slices(int64_t cols) {
-  return static_cast<int>((cols + 63) / 64);
-}
-
-// Device workspace of a plan: one 128 x 128 f32 partial Gram per piece,
-// then one int32 counter per cut job.
-int64_t FusedV4PartialFloats(const FusedV4Plan& plan);
-int64_t FusedV4WorkspaceBytes(const FusedV4Plan& plan);
 
 // The Gram's side for a rows x cols matrix: min(rows, cols).
 int64_t GramSide(int64_t rows, int64_t cols);

@@ -144,60 +144,6 @@ TEST(LaunchPolicy, ChooseFusedKernel) {
   EXPECT_STREQ(FusedPolicyOf(K::kV1Tall).name, kFusedPolicySm90.name);
 }
 
-// v4's schedule: every job computed once, whole or as pieces whose K-ranges
-// partition its slices (each at least kFusedV4MinPieceSlices); the pieces
-// cut only the last round, and never make the busiest block busier.
-TEST(LaunchPolicy, FusedV4PlanCoversEveryJobOnce) {
-  LaunchPolicy policy = kFusedPolicyV4Sm90;
-  for (int num_jobs : {1, 131, 132, 133, 256, 300, 480, 1152, 5000}) {
-    for (int slices : {1, 7, 16, 64}) {
-      const FusedV4Plan plan = PlanFusedV4(num_jobs, 132, slices, policy);
-      SCOPED_TRACE(testing::Message() << num_jobs << " jobs of " << slices << " slices");
-      ASSERT_EQ(plan.grid, std::min(num_jobs, 132));
-      ASSERT_GE(plan.pieces, 1);
-      if (plan.pieces > 1) ASSERT_EQ(plan.whole % plan.grid, 0) << "cut jobs start a round";
-      ASSERT_EQ(plan.units, plan.whole + (num_jobs - plan.whole) * plan.pieces);
-      std::map<int, std::vector<std::pair<int, int>>> ranges;  // job -> K ranges
-      std::vector<int> busy(plan.grid, 0), busy_whole(plan.grid, 0);
-      for (int u = 0; u < plan.units; ++u) {
-        int job = u, k0 = 0, k1 = slices;
-        if (u >= plan.whole) {
-          const int t = u - plan.whole, p = t % plan.pieces;
-          job = plan.whole + t / plan.pieces;
-          k0 = PieceBegin(p, plan.pieces, slices);
-          k1 = PieceBegin(p + 1, plan.pieces, slices);
-          EXPECT_GE(k1 - k0, kFusedV4MinPieceSlices);
-        }
-        ranges[job].push_back({k0, k1});
-        busy[u % plan.grid] += k1 - k0;
-      }
-      for (int j = 0; j < num_jobs; ++j) busy_whole[j % plan.grid] += slices;
-      ASSERT_EQ(ranges.size(), static_cast<size_t>(num_jobs));
-      for (auto& [job, r] : ranges) {
-        std::sort(r.begin(), r.end());
-        int next = 0;
-        for (auto [k0, k1] : r) {
-          EXPECT_EQ(k0, next) << "job " << job;
-          next = k1;
-        }
-        EXPECT_EQ(next, slices) << "job " << job;
-      }
-      EXPECT_LE(*std::max_element(busy.begin(), busy.end()),
-                *std::max_element(busy_whole.begin(), busy_whole.end()));
-    }
-  }
-  // The benchmark's shapes: 480 jobs of 64 slices, 3.64 rounds, take 3 2/3
-  // rounds in 3 pieces; 256 jobs (1.94 rounds) gain nothing from cutting.
-  const FusedV4Plan p480 = PlanFusedV4(480, 132, 64, policy);
-  EXPECT_EQ(p480.pieces, 3);
-  EXPECT_EQ(p480.whole, 396);
-  EXPECT_EQ(PlanFusedV4(256, 132, 64, policy).pieces, 1);
-  EXPECT_EQ(PlanFusedV4(1152, 132, 64, policy).pieces, 4);
-  EXPECT_EQ(FusedV4WorkspaceBytes(p480), 84 * 3 * 128 * 128 * 4 + 84 * 4);
-  policy.tail_pieces = 1;
-  EXPECT_EQ(PlanFusedV4(480, 132, 64, policy).pieces, 1);
-}
-
 // v4 jobs: whole 128 x 128 tiles, diagonal ones weight 1 over their square,
 // off-diagonal ones weight 2: every Gram entry counted once (with i <-> j).
 TEST(LaunchPolicy, V4JobsWeightEveryGramEntryOnce) {
