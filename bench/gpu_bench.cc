@@ -388,6 +388,8 @@ constexpr Contender kContenders[] = {
     {"v4-noload", FusedKernel::kV4, fused_v4::kProbeNoLoad, false},
     {"v4-retire1", FusedKernel::kV4, fused_v4::kProbeRetire1, false},
     {"v4-noconv", FusedKernel::kV4, fused_v4::kProbeNoConvert, false},
+    {"v4-mmaonly", FusedKernel::kV4, fused_v4::kProbeMmaOnly, false},
+    {"v4-loadonly", FusedKernel::kV4, fused_v4::kProbeLoadOnly, false},
 };
 
 cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_t s) {
@@ -411,7 +413,9 @@ cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_
 bool Applies(const Contender& v, DType dt, int64_t rows, int64_t cols) {
   if (v.kernel != FusedKernel::kV4) return true;
   const bool f32 = dt == DType::kF32;
-  if (v.v4_mode == fused_v4::kProbeNoConvert && !f32) return false;
+  if ((v.v4_mode == fused_v4::kProbeNoConvert || v.v4_mode == fused_v4::kProbeMmaOnly) && !f32) {
+    return false;
+  }
   if (v.v4_mode == fused_v4::kProbeChain1 && f32) return false;
   return ChooseFusedKernel(9, 0, dt, rows, cols, /*aligned=*/true) == FusedKernel::kV4;
 }

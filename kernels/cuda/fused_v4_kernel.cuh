@@ -608,7 +608,7 @@ __device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const Mat
     }
     const int stage = load.n % L::kStages;
     const uint32_t full = full0 + 8 * stage;
-    if constexpr (kMode == kProbeNoLoad) {
+    if constexpr (kMode == kProbeNoLoad || kMode == kProbeMmaOnly) {
       MbarArrive(full);
     } else {
       MbarArriveExpectTx(full, L::kTileBytes);
@@ -639,7 +639,7 @@ __device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const Mat
       return ConverterMax(mx, g, slots + 4 + 4 * (converted & 1));
     };
     float inv = 1.0f;
-    if constexpr (kMode != kProbeNoConvert) {
+    if constexpr (kMode != kProbeNoConvert && kMode != kProbeMmaOnly) {
       const bool exact = cur.j != scaled_job;
       TileScale ts = exact ? ScaleOfTile(src, ct, g, slots) : next_scale;
       const uint32_t mx = convert(ts);
@@ -823,6 +823,15 @@ __global__ void __launch_bounds__(Layout<T>::kThreads, 1)
       WgmmaWait<1>();
       retire(run, run_inv, u);
     };
+    if constexpr (kMode == kProbeLoadOnly) {
+      for (int s = 0; s < slices; ++s) {
+        prepare();
+        free_slot();
+      }
+      ReduceJob(sum, diag, cols, j, red, parity, g2, trace, maxabs);
+      parity ^= 1;
+      continue;
+    }
     if constexpr (L::kF32) {
       // One accumulator set: each slice is added once its wgmma are done.
       for (int u = 0; u < units; ++u) {

@@ -17,6 +17,7 @@ cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const void* map
                                             maxabs, stream)
     RVD_V4_PROBE(kProbeBIsA);
     RVD_V4_PROBE(kProbeNoLoad);
+    RVD_V4_PROBE(kProbeLoadOnly);
     RVD_V4_PROBE(kProbeRetire1);
 #undef RVD_V4_PROBE
     case v4::kProbeChain1:  // 16-bit only
@@ -27,6 +28,10 @@ cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const void* map
       if (!f32) return cudaErrorInvalidValue;
       return v4::LaunchFusedV4T<float, v4::kProbeNoConvert>(maps, mats, jobs, num_jobs, g2,
                                                             trace, maxabs, stream);
+    case v4::kProbeMmaOnly:
+      if (!f32) return cudaErrorInvalidValue;
+      return v4::LaunchFusedV4T<float, v4::kProbeMmaOnly>(maps, mats, jobs, num_jobs, g2,
+                                                          trace, maxabs, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -92,6 +92,8 @@ enum Mode : int {
   kProbeChain1,    // 16-bit: one slice per accumulator chain for every Gram
   kProbeRetire1,   // one add per finished slice instead of 64
   kProbeNoConvert, // f32: the stages are not converted (wrong)
+  kProbeMmaOnly,   // f32: neither loads nor conversion, the consumers' part alone
+  kProbeLoadOnly,  // the consumers free each slice without multiplying it
 };
 }  // namespace fused_v4
 
