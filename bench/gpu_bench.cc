@@ -18,9 +18,12 @@
 // Medians over --reps runs after warm-up. fused vs algebraic calls are
 // interleaved A-B-A-B and the spread (max - min of the medians of each half)
 // is reported (--quick: the four target cases and the tall case, no
-// estimator curves). Then accuracy curves of the estimators (power_iter K = 10,
-// 50, 200, Hutchinson and Hutch++; sketch r = 16, 128) over four spectrum
-// families: mean and p95 relative error vs the oracle.
+// estimator curves). Then every variant (fused, algebraic, naive,
+// power_iter K = 10, 50, 200 as Hutchinson and Hutch++, sketch r = 16, 128)
+// on the seed's 480 x 128x4096 in f32 and bf16: call time, %floor, GB/s
+// and error vs the oracle, the accuracy-latency table (bench/plots.py).
+// Then accuracy curves of the estimators (the same K and r) over four
+// spectrum families: mean and p95 relative error vs the oracle.
 //
 //   build/bin/rvd_bench_gpu [--json PATH] [--reps N] [--quick] [--probe] [--ab] [--ncu]
 // (--probe: the v3 kernel alone with parts left out or K split across
@@ -805,6 +808,95 @@ int Main(int argc, char** argv) {
                       {"policy", FusedPolicyOf(prep[0].kernel).name}});
   }
   out["timing"] = timing;
+
+  // 4. Every variant on the seed's cases (480 x 128x4096, f32 and bf16):
+  // ComputePRDevice calls, wall clock, median after one warm-up call, each
+  // against the oracle: the exact variants' largest error, the estimators'
+  // mean and p95 over the batch (every matrix its own probes). naive runs
+  // one matrix after another, so it is timed on 16 matrices and scaled to
+  // the batch (x30), as the table says.
+  nlohmann::json lineup = nlohmann::json::array();
+  std::printf("\nevery variant on the seed's case (one call, wall clock, median):\n");
+  std::printf("%-5s %-18s %9s %7s %7s %10s %10s | %s\n", "dtype", "variant", "call_ms", "%floor",
+              "GB/s", "err", "p95 err", "served by");
+  struct Lineup {
+    const char* name;
+    int probes, rank;
+    bool hpp;
+  };
+  const std::vector<Lineup> ls = {
+      {"fused", 0, 0, false},       {"algebraic", 0, 0, false},   {"naive", 0, 0, false},
+      {"power_iter", 10, 0, false}, {"power_iter", 50, 0, false}, {"power_iter", 200, 0, false},
+      {"power_iter", 10, 0, true},  {"power_iter", 50, 0, true},  {"power_iter", 200, 0, true},
+      {"sketch", 0, 16, false},     {"sketch", 0, 128, false}};
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const Case& c = cases[ci];
+    if (c.tag != "issue" || c.batch != 480) continue;
+    const Inputs& in = *inputs[ci];
+    const double floor_ms = double(c.batch) * c.rows * c.cols * DTypeSize(c.dtype) /
+                            (copy_tbps * 1e12) * 1e3;
+    for (const Lineup& l : ls) {
+      VariantSpec v;
+      v.name = l.name;
+      if (l.probes > 0) v.probes = l.probes;
+      if (l.rank > 0) v.sketch_rank = l.rank;
+      v.hutch_plus_plus = l.hpp;
+      v.seed = 20261129;
+      const bool naive = v.name == "naive";
+      const size_t n = naive ? 16 : c.batch;
+      const int calls = naive ? 2 : std::max(3, reps / 3);
+      const std::map<std::string, int64_t> before = engine.ServedCounts();
+      std::vector<double> ms, got(n);
+      int set = 0;
+      for (int r = 0; r < calls + 1; ++r) {
+        set = r % 3;
+        const std::vector<MatrixView> views(in.sets[set].begin(), in.sets[set].begin() + n);
+        const double t0 = Now();
+        const absl::Status st = engine.ComputePRDevice(views, v, absl::MakeSpan(got), stream);
+        const double t1 = Now();
+        if (!st.ok()) {
+          std::fprintf(stderr, "%s: %s\n", l.name, std::string(st.message()).c_str());
+          return 1;
+        }
+        if (r > 0) ms.push_back((t1 - t0) * 1e3 * (naive ? double(c.batch) / n : 1.0));
+      }
+      // Errors of the last call (set `set`: matrix i is distinct (i + set)).
+      std::vector<double> err;
+      for (size_t i = 0; i < n; ++i) {
+        const double ref = in.ref[(i + set) % in.distinct];
+        err.push_back(std::fabs(got[i] - ref) / ref);
+      }
+      std::sort(err.begin(), err.end());
+      double mean = 0;
+      for (double e : err) mean += e / err.size();
+      const double p95 = err[std::min(err.size() - 1, size_t(0.95 * err.size()))];
+      std::string served;  // the path whose count this variant's calls raised
+      for (const auto& [key, count] : engine.ServedCounts()) {
+        const auto it = before.find(key);
+        if (count > (it == before.end() ? 0 : it->second)) served = key;
+      }
+      const bool exact = IsExactVariant(l.name);
+      const std::string label =
+          l.rank > 0     ? absl::StrCat("sketch r=", l.rank)
+          : l.probes > 0 ? absl::StrCat(l.hpp ? "hutch++" : "hutchinson", " K=", l.probes)
+          : naive        ? std::string("naive (x30 of 16)")
+                         : std::string(l.name);
+      const double call_ms = Median(ms);
+      const double bytes = double(c.batch) * c.rows * c.cols * DTypeSize(c.dtype);
+      std::printf("%-5s %-18s %9.3f %6.1f%% %7.0f %10.2e %10.2e | %s\n", DTypeName(c.dtype),
+                  label.c_str(), call_ms, 100.0 * floor_ms / call_ms,
+                  bytes / (call_ms * 1e-3) / 1e9, exact ? err.back() : mean, p95,
+                  served.c_str());
+      lineup.push_back({{"batch", c.batch}, {"rows", c.rows}, {"cols", c.cols},
+                        {"dtype", DTypeName(c.dtype)}, {"variant", l.name}, {"label", label},
+                        {"exact", exact}, {"call_ms", call_ms},
+                        {"pct_of_floor", 100.0 * floor_ms / call_ms},
+                        {"GBps", bytes / (call_ms * 1e-3) / 1e9}, {"max_rel_err", err.back()},
+                        {"mean_rel_err", mean}, {"p95_rel_err", p95}, {"served", served},
+                        {"matrices_timed", n}});
+    }
+  }
+  out["lineup"] = lineup;
   if (quick) {
     nlohmann::json served;
     for (const auto& [k, n] : engine.ServedCounts()) served[k] = n;
@@ -814,7 +906,7 @@ int Main(int argc, char** argv) {
     return 0;  // --quick: no estimator curves
   }
 
-  // 4. Estimator accuracy curves.
+  // 5. Estimator accuracy curves.
   std::printf("\nestimators, 128x1024 f32, 24 matrices per family: mean / p95 rel error\n");
   nlohmann::json est = nlohmann::json::array();
   struct E {

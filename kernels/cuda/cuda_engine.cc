@@ -705,11 +705,14 @@ class Runner {
     void* w = ctx.work.ptr;
     RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(w, ctx.up.ptr, o_tr,
                                              cudaMemcpyHostToDevice, ctx.stream));
-    for (size_t i = 0; i < m; ++i) {
-      RVD_CUDA_RETURN_IF_ERROR(LaunchStats(views[i].dtype,
-                                           At<MatrixDesc>(w, o_desc) + i, 1,
-                                           At<double>(w, o_tr) + i,
+    // One launch per run of one dtype (a block per matrix, all at once).
+    for (size_t i = 0; i < m;) {
+      size_t e = i;
+      while (e < m && views[e].dtype == views[i].dtype) ++e;
+      RVD_CUDA_RETURN_IF_ERROR(LaunchStats(views[i].dtype, At<MatrixDesc>(w, o_desc) + i,
+                                           static_cast<int>(e - i), At<double>(w, o_tr) + i,
                                            At<float>(w, o_mx) + i, ctx.stream));
+      i = e;
     }
     trace->resize(m);
     RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(trace->data(), At<double>(w, o_tr),
@@ -818,58 +821,66 @@ class Runner {
     return absl::OkStatus();
   }
 
-  // power_iter and sketch, one matrix at a time (estimators; not the fast
-  // path). The draws are the CPU engine's, from the seed alone.
+  // power_iter and sketch, one matrix after another on the stream
+  // (estimators; not the fast path). The draws are the CPU engine's, from
+  // the seed alone, so matrices with the same Gram side share them: they
+  // are uploaded once per side. Each matrix's sum of squares goes to its own
+  // slot, and g2 = offset + scale * sum once all slots are downloaded: one
+  // wait per call (Hutch++ still waits per matrix for its host-side
+  // Gram-Schmidt).
+  struct EstimatorWork {
+    float *x, *z, *tmp, *out;
+    double* sums;
+    int64_t drawn_for = -1;  // the Gram side whose draws z holds (-1: none)
+  };
   absl::Status RunEstimator(Context& ctx) {
     const auto& views = ctx.device_views;
     absl::Status s = ctx.Cublas();
     if (!s.ok()) return s;
-    // Workspace: f32 copy, probes/sketch, tmp, out, for the largest matrix.
+    // Workspace (after the stats): f32 copy, probes/sketch, tmp, out, each
+    // sized for the largest matrix, then one sum per matrix.
     const int64_t kp = spec_.probes, r = spec_.sketch_rank;
-    uint64_t need = 0;
+    const int64_t wdt = kind_ == Kind::kSketch ? r : kp;
+    uint64_t x_bytes = 0, z_bytes = 0, tmp_bytes = 0, out_bytes = 0;
     for (const MatrixView& v : views) {
       const int64_t n = std::min(v.rows, v.cols), len = std::max(v.rows, v.cols);
-      const int64_t wdt = kind_ == Kind::kSketch ? r : kp;
-      Layout l;
-      l.Add(uint64_t(v.rows) * v.cols * 4);
-      l.Add(uint64_t(n) * wdt * 4);
-      l.Add(uint64_t(len) * wdt * 4);
-      l.Add(uint64_t(std::max(n, r)) * wdt * 4);
-      l.Add(8);
-      need = std::max(need, l.size());
+      x_bytes = std::max<uint64_t>(x_bytes, uint64_t(v.rows) * v.cols * 4);
+      z_bytes = std::max<uint64_t>(z_bytes, uint64_t(n) * wdt * 4);
+      tmp_bytes = std::max<uint64_t>(tmp_bytes, uint64_t(len) * wdt * 4);
+      out_bytes = std::max<uint64_t>(out_bytes, uint64_t(std::max(n, r)) * wdt * 4);
     }
-    work_extra_ = need;
+    Layout l;
+    const uint64_t o_x = l.Add(x_bytes), o_z = l.Add(z_bytes), o_tmp = l.Add(tmp_bytes),
+                   o_out = l.Add(out_bytes), o_sums = l.Add(views.size() * sizeof(double));
+    work_extra_ = l.size();
     std::vector<double> trace;
     s = HostStats(ctx, &trace);
     if (!s.ok()) return s;
-    results_.assign(views.size(), 0.0);
+    void* w = At<void>(ctx.work.ptr, stats_bytes_);
+    EstimatorWork ew{At<float>(w, o_x), At<float>(w, o_z), At<float>(w, o_tmp),
+                     At<float>(w, o_out), At<double>(w, o_sums)};
+    std::vector<double> offset(views.size(), 0.0), scale(views.size(), 0.0);
     for (size_t i = 0; i < views.size(); ++i) {
       if (trace[i] == 0) continue;
       const MatrixView& v = views[i];
       const bool tall = v.rows > v.cols;
       const int64_t n = std::min(v.rows, v.cols), len = std::max(v.rows, v.cols);
-      const int64_t wdt = kind_ == Kind::kSketch ? r : kp;
-      Layout l;
-      l.Add(stats_bytes_);
-      const uint64_t o_x = l.Add(uint64_t(v.rows) * v.cols * 4);
-      const uint64_t o_z = l.Add(uint64_t(n) * wdt * 4);
-      const uint64_t o_tmp = l.Add(uint64_t(len) * wdt * 4);
-      const uint64_t o_out = l.Add(uint64_t(std::max(n, r)) * wdt * 4);
-      const uint64_t o_sum = l.Add(8);
-      void* w = ctx.work.ptr;
-      float* x = At<float>(w, o_x);
-      float* z = At<float>(w, o_z);
-      float* tmp = At<float>(w, o_tmp);
-      float* out = At<float>(w, o_out);
-      double* sum = At<double>(w, o_sum);
-      RVD_CUDA_RETURN_IF_ERROR(LaunchToF32(v.dtype, MakeDesc(v), x, ctx.stream));
-      absl::StatusOr<double> g2 =
-          kind_ == Kind::kSketch
-              ? Sketch(ctx, x, tall, n, len, trace[i], z, tmp, out, sum)
-              : Hutch(ctx, x, tall, n, len, z, tmp, out, sum);
-      if (!g2.ok()) return g2.status();
-      if (!std::isfinite(*g2)) return NonFiniteError(ctx.first + i);
-      results_[i] = ClampedPR(trace[i], *g2, n);
+      RVD_CUDA_RETURN_IF_ERROR(LaunchToF32(v.dtype, MakeDesc(v), ew.x, ctx.stream));
+      s = kind_ == Kind::kSketch
+              ? Sketch(ctx, tall, n, len, trace[i], &ew, i, &offset[i], &scale[i])
+              : Hutch(ctx, tall, n, len, &ew, i, &offset[i], &scale[i]);
+      if (!s.ok()) return s;
+    }
+    std::vector<double> sums(views.size());
+    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sums.data(), ew.sums, sums.size() * sizeof(double),
+                                             cudaMemcpyDeviceToHost, ctx.stream));
+    RVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+    results_.assign(views.size(), 0.0);
+    for (size_t i = 0; i < views.size(); ++i) {
+      if (trace[i] == 0) continue;
+      const double g2 = offset[i] + scale[i] * sums[i];
+      if (!std::isfinite(g2)) return NonFiniteError(ctx.first + i);
+      results_[i] = ClampedPR(trace[i], g2, std::min(views[i].rows, views[i].cols));
     }
     return absl::OkStatus();
   }
@@ -894,86 +905,115 @@ class Runner {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<double> Hutch(Context& ctx, const float* x, bool tall,
-                               int64_t n, int64_t len, float* z, float* tmp,
-                               float* out, double* sum) {
+  // Hutchinson (Hutch++ with spec_.hutch_plus_plus): matrix i's g2 is
+  // *offset + *scale * (its sum slot), the slot filled on the stream.
+  absl::Status Hutch(Context& ctx, bool tall, int64_t n, int64_t len, EstimatorWork* ew,
+                     size_t i, double* offset, double* scale) {
     EstimatorRng rng(spec_.seed);
     const int64_t k = spec_.probes;
     const int64_t m = spec_.hutch_plus_plus && k >= 3 ? k / 3 : 0;
     const int64_t probes = k - 2 * m;
     const int ni = static_cast<int>(n), li = static_cast<int>(len);
-    double g2 = 0;
-    std::vector<float> q;  // row-major n x m
-    if (m > 0) {
-      std::vector<float> z1(static_cast<size_t>(n * m));
-      rng.Rademacher(z1.data(), n * m);
-      absl::Status s = Upload(ctx, z, RowToColMajor(z1.data(), n, m));
-      if (s.ok()) s = GramTimes(ctx, x, tall, ni, li, z, static_cast<int>(m), tmp, out);
+    *scale = 1.0 / static_cast<double>(probes);
+    if (m == 0) {
+      if (ew->drawn_for != n) {  // the same draws for every matrix of this side
+        std::vector<float> z2(static_cast<size_t>(n * probes));
+        rng.Rademacher(z2.data(), n * probes);
+        absl::Status s = Upload(ctx, ew->z, RowToColMajor(z2.data(), n, probes));
+        if (!s.ok()) return s;
+        ew->drawn_for = n;
+      }
+      absl::Status s = GramTimes(ctx, ew->x, tall, ni, li, ew->z, static_cast<int>(probes),
+                                 ew->tmp, ew->out);
       if (!s.ok()) return s;
-      std::vector<float> gz(static_cast<size_t>(n * m));
-      RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(gz.data(), out, gz.size() * 4,
-                                               cudaMemcpyDeviceToHost, ctx.stream));
-      RVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
-      q = ColToRowMajor(gz.data(), n, m);
-      std::vector<double> work;
-      Orthonormalize(q.data(), n, m, work);
-      s = Upload(ctx, z, RowToColMajor(q.data(), n, m));
-      if (s.ok()) s = GramTimes(ctx, x, tall, ni, li, z, static_cast<int>(m), tmp, out);
-      if (!s.ok()) return s;
-      absl::StatusOr<double> f = DeviceSum(ctx, out, ni, static_cast<int>(m), SumMode::kAll, sum);
-      if (!f.ok()) return f.status();
-      g2 += *f;
+      RVD_CUDA_RETURN_IF_ERROR(LaunchSumSquares(ew->out, 0, 1, 0, 1, ni,
+                                                static_cast<int>(probes), ni, SumMode::kAll,
+                                                ew->sums + i, ctx.stream));
+      return absl::OkStatus();
     }
+    // Hutch++: the range of G Z1 on the host (per matrix), its part of
+    // tr(G^2) exactly, the rest from deflated probes.
+    ew->drawn_for = -1;
+    float* const x = ew->x;
+    float* const z = ew->z;
+    float* const tmp = ew->tmp;
+    float* const out = ew->out;
+    double* const sum = ew->sums + i;
+    std::vector<float> z1(static_cast<size_t>(n * m));
+    rng.Rademacher(z1.data(), n * m);
+    absl::Status s = Upload(ctx, z, RowToColMajor(z1.data(), n, m));
+    if (s.ok()) s = GramTimes(ctx, x, tall, ni, li, z, static_cast<int>(m), tmp, out);
+    if (!s.ok()) return s;
+    std::vector<float> gz(static_cast<size_t>(n * m));
+    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(gz.data(), out, gz.size() * 4,
+                                             cudaMemcpyDeviceToHost, ctx.stream));
+    RVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+    std::vector<float> q = ColToRowMajor(gz.data(), n, m);  // row-major n x m
+    std::vector<double> work;
+    Orthonormalize(q.data(), n, m, work);
+    s = Upload(ctx, z, RowToColMajor(q.data(), n, m));
+    if (s.ok()) s = GramTimes(ctx, x, tall, ni, li, z, static_cast<int>(m), tmp, out);
+    if (!s.ok()) return s;
+    absl::StatusOr<double> f = DeviceSum(ctx, out, ni, static_cast<int>(m), SumMode::kAll, sum);
+    if (!f.ok()) return f.status();
+    *offset = *f;
     std::vector<float> z2(static_cast<size_t>(n * probes));
     rng.Rademacher(z2.data(), n * probes);
-    if (m > 0) {  // z -= Q (Q^T z), in float64 on the host
-      for (int64_t p = 0; p < probes; ++p) {
-        for (int64_t c = 0; c < m; ++c) {
-          double dot = 0;
-          for (int64_t i = 0; i < n; ++i) dot += double(q[i * m + c]) * z2[i * probes + p];
-          for (int64_t i = 0; i < n; ++i) {
-            z2[i * probes + p] = static_cast<float>(z2[i * probes + p] - dot * q[i * m + c]);
-          }
+    // z -= Q (Q^T z), in float64 on the host.
+    for (int64_t p = 0; p < probes; ++p) {
+      for (int64_t c = 0; c < m; ++c) {
+        double dot = 0;
+        for (int64_t r = 0; r < n; ++r) dot += double(q[r * m + c]) * z2[r * probes + p];
+        for (int64_t r = 0; r < n; ++r) {
+          z2[r * probes + p] = static_cast<float>(z2[r * probes + p] - dot * q[r * m + c]);
         }
       }
     }
-    absl::Status s = Upload(ctx, z, RowToColMajor(z2.data(), n, probes));
+    s = Upload(ctx, z, RowToColMajor(z2.data(), n, probes));
     if (s.ok()) s = GramTimes(ctx, x, tall, ni, li, z, static_cast<int>(probes), tmp, out);
     if (!s.ok()) return s;
-    absl::StatusOr<double> f = DeviceSum(ctx, out, ni, static_cast<int>(probes), SumMode::kAll, sum);
-    if (!f.ok()) return f.status();
-    return g2 + *f / static_cast<double>(probes);
+    RVD_CUDA_RETURN_IF_ERROR(LaunchSumSquares(out, 0, 1, 0, 1, ni, static_cast<int>(probes), ni,
+                                              SumMode::kAll, sum, ctx.stream));
+    return absl::OkStatus();
   }
 
-  absl::StatusOr<double> Sketch(Context& ctx, const float* x, bool tall,
-                                int64_t n, int64_t len, double trace, float* o,
-                                float* yt, float* mm, double* sum) {
-    EstimatorRng rng(spec_.seed);
+  // The Gaussian sketch: matrix i's g2 is *offset + *scale * (its sum
+  // slot), as Hutch.
+  absl::Status Sketch(Context& ctx, bool tall, int64_t n, int64_t len, double trace,
+                      EstimatorWork* ew, size_t i, double* offset, double* scale) {
     const int64_t r = spec_.sketch_rank;
     // Omega, row-major r x n, is column-major n x r: O = Omega^T as is.
-    std::vector<float> omega(static_cast<size_t>(r * n));
-    rng.Gaussian(omega.data(), r * n);
-    absl::Status s = Upload(ctx, o, omega);
-    if (!s.ok()) return s;
+    if (ew->drawn_for != n) {  // the same draws for every matrix of this side
+      EstimatorRng rng(spec_.seed);
+      std::vector<float> omega(static_cast<size_t>(r * n));
+      rng.Gaussian(omega.data(), r * n);
+      absl::Status s = Upload(ctx, ew->z, omega);
+      if (!s.ok()) return s;
+      ew->drawn_for = n;
+    }
     const float one = 1.0f, zero = 0.0f;
     const int ni = static_cast<int>(n), li = static_cast<int>(len), ri = static_cast<int>(r);
+    float* const yt = ew->tmp;
+    float* const mm = ew->out;
     // Yt (len x r) = X O (wide; X len x n) or X^T O (tall; X n x len).
     RVD_CUDA_RETURN_IF_ERROR(cublasSgemm(
         ctx.cublas, tall ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, li, ri, ni,
-        &one, x, tall ? ni : li, o, ni, &zero, yt, li));
+        &one, ew->x, tall ? ni : li, ew->z, ni, &zero, yt, li));
     // M (r x r) = Yt^T Yt.
     RVD_CUDA_RETURN_IF_ERROR(cublasSgemm(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, ri,
                                          ri, li, &one, yt, li, yt, li, &zero, mm, ri));
-    if (r == 1) {
-      float m00 = 0;
-      RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&m00, mm, 4, cudaMemcpyDeviceToHost,
-                                               ctx.stream));
-      RVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
-      return (double(m00) * m00 - trace * trace) / 2.0;
+    if (r == 1) {  // (m00^2 - trace^2) / 2
+      *offset = -trace * trace / 2.0;
+      *scale = 0.5;
+      RVD_CUDA_RETURN_IF_ERROR(LaunchSumSquares(mm, 0, 1, 0, 1, 1, 1, 1, SumMode::kAll,
+                                                ew->sums + i, ctx.stream));
+      return absl::OkStatus();
     }
-    absl::StatusOr<double> off = DeviceSum(ctx, mm, ri, ri, SumMode::kStrictUpper, sum);
-    if (!off.ok()) return off.status();
-    return 2.0 * *off / static_cast<double>(r * (r - 1));
+    // The mean of the squared off-diagonal entries (both triangles).
+    *scale = 2.0 / static_cast<double>(r * (r - 1));
+    RVD_CUDA_RETURN_IF_ERROR(LaunchSumSquares(mm, 0, 1, 0, 1, ri, ri, ri, SumMode::kStrictUpper,
+                                              ew->sums + i, ctx.stream));
+    return absl::OkStatus();
   }
 
   CudaEngine* engine_;

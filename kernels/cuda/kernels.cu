@@ -154,19 +154,30 @@ __global__ void FinalizeKernel(const MatrixDesc* mats, const int32_t* job_begin,
 __global__ void StatsKernel(DType dtype, const MatrixDesc* mats, double* trace,
                             float* maxabs) {
   const MatrixDesc d = mats[blockIdx.x];
-  double s = 0.0;
+  // kRows rows at a time: independent loads in flight per thread (one at a
+  // time, a block took ~0.8 ms per 128 x 4096 matrix: H200 s5-6).
+  constexpr int kRows = 8;
+  double s[kRows] = {};
   float mx = 0.0f;
-  for (int64_t r = 0; r < d.rows; ++r) {
+  for (int64_t r0 = 0; r0 < d.rows; r0 += kRows) {
     for (int64_t c = threadIdx.x; c < d.cols; c += blockDim.x) {
-      const float x = LoadAsFloat(dtype, d.data, r * d.ld + c);
-      s = fma(static_cast<double>(x), static_cast<double>(x), s);
-      mx = fmaxf(mx, fabsf(x));
+#pragma unroll
+      for (int u = 0; u < kRows; ++u) {
+        if (r0 + u < d.rows) {
+          const float x = LoadAsFloat(dtype, d.data, (r0 + u) * d.ld + c);
+          s[u] = fma(static_cast<double>(x), static_cast<double>(x), s[u]);
+          mx = fmaxf(mx, fabsf(x));
+        }
+      }
     }
   }
-  s = BlockSum(s);
+  double t = 0.0;
+#pragma unroll
+  for (int u = 0; u < kRows; ++u) t += s[u];
+  t = BlockSum(t);
   mx = BlockMax(mx);
   if (threadIdx.x == 0) {
-    trace[blockIdx.x] = s;
+    trace[blockIdx.x] = t;
     maxabs[blockIdx.x] = mx;
   }
 }
