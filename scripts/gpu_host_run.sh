@@ -50,10 +50,10 @@ step() {  # step NAME TIMEOUT_S COMMAND...: runs, logs to $OUT/NAME.log
   [[ $status -eq 0 ]] || { echo "!! $name failed ($status)"; rc=1; }
 }
 # Limits about 2-3x each step's usual time: a hung kernel costs device time
-# (gpu_bench: ~190 s with the every-variant table, s5-4).
+# (gpu_bench: ~60 s, s5-7; 190 s before the stats kernel was fixed).
 step cuda_engine_test 90 "$stage/bin/cuda_engine_test"
 step integration_gpu 120 python3 -m pytest -q -p no:cacheprovider tests/gpu
-step gpu_bench 420 "$stage/bin/rvd_bench_gpu" --json "$OUT/gpu_bench.json"
+step gpu_bench 300 "$stage/bin/rvd_bench_gpu" --json "$OUT/gpu_bench.json"
 step gpu_ab 120 "$stage/bin/rvd_bench_gpu" --ab --reps 30 --json "$OUT/gpu_ab.json"
 step e2e_gpu 120 python3 bench/e2e_gpu.py --rounds 5
 step ncu 300 scripts/ncu_v4.sh "$stage/bin/rvd_bench_gpu" "$OUT/ncu"
