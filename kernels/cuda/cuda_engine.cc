@@ -732,44 +732,39 @@ class Runner {
     const auto& views = ctx.device_views;
     absl::Status s = ctx.Cusolver();
     if (!s.ok()) return s;
-    // Workspace of the largest matrix, queried before anything is queued.
-    uint64_t need = 0;
-    for (const MatrixView& v : views) {
+    // Workspace (after the stats) for the largest matrix, queried before
+    // anything is queued: the float64 copy, the singular values, gesvd's
+    // work and its info.
+    std::vector<int> lwork(views.size());
+    uint64_t a_bytes = 0, s_bytes = 0, w_bytes = 0;
+    for (size_t i = 0; i < views.size(); ++i) {
+      const MatrixView& v = views[i];
       const int mr = static_cast<int>(std::max(v.rows, v.cols));
       const int nc = static_cast<int>(std::min(v.rows, v.cols));
-      int lwork = 0;
-      RVD_CUDA_RETURN_IF_ERROR(cusolverDnDgesvd_bufferSize(ctx.cusolver, mr, nc, &lwork));
-      Layout l;
-      l.Add(uint64_t(mr) * nc * sizeof(double));
-      l.Add(uint64_t(nc) * sizeof(double));
-      l.Add(uint64_t(lwork) * sizeof(double));
-      l.Add(sizeof(int));
-      need = std::max(need, l.size());
+      RVD_CUDA_RETURN_IF_ERROR(cusolverDnDgesvd_bufferSize(ctx.cusolver, mr, nc, &lwork[i]));
+      a_bytes = std::max<uint64_t>(a_bytes, uint64_t(mr) * nc * sizeof(double));
+      s_bytes = std::max<uint64_t>(s_bytes, uint64_t(nc) * sizeof(double));
+      w_bytes = std::max<uint64_t>(w_bytes, uint64_t(lwork[i]) * sizeof(double));
     }
-    work_extra_ = need;
+    Layout l;
+    const uint64_t o_a = l.Add(a_bytes), o_s = l.Add(s_bytes), o_w = l.Add(w_bytes),
+                   o_info = l.Add(sizeof(int));
+    work_extra_ = l.size();
     std::vector<double> trace;
     s = HostStats(ctx, &trace);
     if (!s.ok()) return s;
+    void* const w = At<void>(ctx.work.ptr, stats_bytes_);
     results_.assign(views.size(), 0.0);
     for (size_t i = 0; i < views.size(); ++i) {
       if (trace[i] == 0) continue;  // all zero: PR 0
       const MatrixView& v = views[i];
       const int mr = static_cast<int>(std::max(v.rows, v.cols));
       const int nc = static_cast<int>(std::min(v.rows, v.cols));
-      int lwork = 0;
-      RVD_CUDA_RETURN_IF_ERROR(cusolverDnDgesvd_bufferSize(ctx.cusolver, mr, nc, &lwork));
-      Layout l;
-      l.Add(stats_bytes_);
-      const uint64_t o_a = l.Add(uint64_t(mr) * nc * sizeof(double));
-      const uint64_t o_s = l.Add(uint64_t(nc) * sizeof(double));
-      const uint64_t o_w = l.Add(uint64_t(lwork) * sizeof(double));
-      const uint64_t o_info = l.Add(sizeof(int));
-      void* w = ctx.work.ptr;
       const MatrixDesc d = MakeDesc(v);
       RVD_CUDA_RETURN_IF_ERROR(LaunchToF64ForSvd(v.dtype, d, At<double>(w, o_a), ctx.stream));
       RVD_CUDA_RETURN_IF_ERROR(cusolverDnDgesvd(
           ctx.cusolver, 'N', 'N', mr, nc, At<double>(w, o_a), mr,
-          At<double>(w, o_s), nullptr, 1, nullptr, 1, At<double>(w, o_w), lwork,
+          At<double>(w, o_s), nullptr, 1, nullptr, 1, At<double>(w, o_w), lwork[i],
           nullptr, At<int>(w, o_info)));
       std::vector<double> sv(static_cast<size_t>(nc));
       int info = 0;
