@@ -601,6 +601,47 @@ int TimeQueued(const std::function<cudaError_t(int)>& launch, int reps, double w
   return 0;
 }
 
+// A variant as the benchmark runs it: the exact ones by name, the
+// estimators with their K (Hutchinson or Hutch++) or sketch rank r.
+struct VariantRun {
+  const char* name;
+  int probes = 0, rank = 0;
+  bool hpp = false;
+
+  VariantSpec Spec(uint64_t seed) const {
+    VariantSpec v;
+    v.name = name;
+    if (probes > 0) v.probes = probes;
+    if (rank > 0) v.sketch_rank = rank;
+    v.hutch_plus_plus = hpp;
+    v.seed = seed;
+    return v;
+  }
+  std::string Label() const {
+    if (rank > 0) return absl::StrCat("sketch r=", rank);
+    if (probes > 0) return absl::StrCat(hpp ? "hutch++" : "hutchinson", " K=", probes);
+    return name;
+  }
+};
+// The estimators the benchmark measures: the seed's K and r.
+const std::vector<VariantRun> kEstimatorRuns = {
+    {"power_iter", 10},       {"power_iter", 50},       {"power_iter", 200},
+    {"power_iter", 10, 0, true}, {"power_iter", 50, 0, true}, {"power_iter", 200, 0, true},
+    {"sketch", 0, 16},        {"sketch", 0, 128}};
+
+// Relative errors' mean, p95 and largest (sorts `err`).
+struct ErrorStats {
+  double mean = 0, p95 = 0, max = 0;
+};
+ErrorStats StatsOf(std::vector<double> err) {
+  std::sort(err.begin(), err.end());
+  ErrorStats e;
+  for (double x : err) e.mean += x / err.size();
+  e.p95 = err[std::min(err.size() - 1, size_t(0.95 * err.size()))];
+  e.max = err.back();
+  return e;
+}
+
 int Main(int argc, char** argv) {
   std::string json_path;
   int reps = 50;
@@ -812,36 +853,24 @@ int Main(int argc, char** argv) {
   // 4. Every variant on the seed's cases (480 x 128x4096, f32 and bf16):
   // ComputePRDevice calls, wall clock, median after one warm-up call, each
   // against the oracle: the exact variants' largest error, the estimators'
-  // mean and p95 over the batch (every matrix its own probes). naive runs
+  // mean and p95 over the batch (one seed per call: every matrix gets the
+  // same draws). naive runs
   // one matrix after another, so it is timed on 16 matrices and scaled to
   // the batch (x30), as the table says.
   nlohmann::json lineup = nlohmann::json::array();
   std::printf("\nevery variant on the seed's case (one call, wall clock, median):\n");
   std::printf("%-5s %-18s %9s %7s %7s %10s %10s | %s\n", "dtype", "variant", "call_ms", "%floor",
               "GB/s", "err", "p95 err", "served by");
-  struct Lineup {
-    const char* name;
-    int probes, rank;
-    bool hpp;
-  };
-  const std::vector<Lineup> ls = {
-      {"fused", 0, 0, false},       {"algebraic", 0, 0, false},   {"naive", 0, 0, false},
-      {"power_iter", 10, 0, false}, {"power_iter", 50, 0, false}, {"power_iter", 200, 0, false},
-      {"power_iter", 10, 0, true},  {"power_iter", 50, 0, true},  {"power_iter", 200, 0, true},
-      {"sketch", 0, 16, false},     {"sketch", 0, 128, false}};
+  std::vector<VariantRun> runs = {{"fused"}, {"algebraic"}, {"naive"}};
+  runs.insert(runs.end(), kEstimatorRuns.begin(), kEstimatorRuns.end());
   for (size_t ci = 0; ci < cases.size(); ++ci) {
     const Case& c = cases[ci];
     if (c.tag != "issue" || c.batch != 480) continue;
     const Inputs& in = *inputs[ci];
     const double floor_ms = double(c.batch) * c.rows * c.cols * DTypeSize(c.dtype) /
                             (copy_tbps * 1e12) * 1e3;
-    for (const Lineup& l : ls) {
-      VariantSpec v;
-      v.name = l.name;
-      if (l.probes > 0) v.probes = l.probes;
-      if (l.rank > 0) v.sketch_rank = l.rank;
-      v.hutch_plus_plus = l.hpp;
-      v.seed = 20261129;
+    for (const VariantRun& l : runs) {
+      const VariantSpec v = l.Spec(20261129);
       const bool naive = v.name == "naive";
       const size_t n = naive ? 16 : c.batch;
       const int calls = naive ? 2 : std::max(3, reps / 3);
@@ -866,33 +895,26 @@ int Main(int argc, char** argv) {
         const double ref = in.ref[(i + set) % in.distinct];
         err.push_back(std::fabs(got[i] - ref) / ref);
       }
-      std::sort(err.begin(), err.end());
-      double mean = 0;
-      for (double e : err) mean += e / err.size();
-      const double p95 = err[std::min(err.size() - 1, size_t(0.95 * err.size()))];
+      const ErrorStats es = StatsOf(std::move(err));
       std::string served;  // the path whose count this variant's calls raised
       for (const auto& [key, count] : engine.ServedCounts()) {
         const auto it = before.find(key);
         if (count > (it == before.end() ? 0 : it->second)) served = key;
       }
       const bool exact = IsExactVariant(l.name);
-      const std::string label =
-          l.rank > 0     ? absl::StrCat("sketch r=", l.rank)
-          : l.probes > 0 ? absl::StrCat(l.hpp ? "hutch++" : "hutchinson", " K=", l.probes)
-          : naive        ? std::string("naive (x30 of 16)")
-                         : std::string(l.name);
+      const std::string label = naive ? std::string("naive (x30 of 16)") : l.Label();
       const double call_ms = Median(ms);
       const double bytes = double(c.batch) * c.rows * c.cols * DTypeSize(c.dtype);
       std::printf("%-5s %-18s %9.3f %6.1f%% %7.0f %10.2e %10.2e | %s\n", DTypeName(c.dtype),
                   label.c_str(), call_ms, 100.0 * floor_ms / call_ms,
-                  bytes / (call_ms * 1e-3) / 1e9, exact ? err.back() : mean, p95,
+                  bytes / (call_ms * 1e-3) / 1e9, exact ? es.max : es.mean, es.p95,
                   served.c_str());
       lineup.push_back({{"batch", c.batch}, {"rows", c.rows}, {"cols", c.cols},
                         {"dtype", DTypeName(c.dtype)}, {"variant", l.name}, {"label", label},
                         {"exact", exact}, {"call_ms", call_ms},
                         {"pct_of_floor", 100.0 * floor_ms / call_ms},
-                        {"GBps", bytes / (call_ms * 1e-3) / 1e9}, {"max_rel_err", err.back()},
-                        {"mean_rel_err", mean}, {"p95_rel_err", p95}, {"served", served},
+                        {"GBps", bytes / (call_ms * 1e-3) / 1e9}, {"max_rel_err", es.max},
+                        {"mean_rel_err", es.mean}, {"p95_rel_err", es.p95}, {"served", served},
                         {"matrices_timed", n}});
     }
   }
@@ -909,16 +931,6 @@ int Main(int argc, char** argv) {
   // 5. Estimator accuracy curves.
   std::printf("\nestimators, 128x1024 f32, 24 matrices per family: mean / p95 rel error\n");
   nlohmann::json est = nlohmann::json::array();
-  struct E {
-    const char* name;
-    int k;
-    bool hpp;
-    int r;
-  };
-  const std::vector<E> es = {{"power_iter", 10, false, 0},  {"power_iter", 50, false, 0},
-                             {"power_iter", 200, false, 0}, {"power_iter", 10, true, 0},
-                             {"power_iter", 50, true, 0},   {"power_iter", 200, true, 0},
-                             {"sketch", 0, false, 16},      {"sketch", 0, false, 128}};
   for (Spectrum sp : {Spectrum::kFlat, Spectrum::kPowerLaw, Spectrum::kRankOne,
                       Spectrum::kGaussian}) {
     std::vector<std::vector<uint8_t>> mats;
@@ -931,12 +943,8 @@ int Main(int argc, char** argv) {
       views.push_back(MatrixView{m.data(), 128, 1024, 1024, DType::kF32});
       ref.push_back(*OraclePR(views.back()));
     }
-    for (const E& e : es) {
-      VariantSpec v;
-      v.name = e.name;
-      if (e.k > 0) v.probes = e.k;
-      if (e.r > 0) v.sketch_rank = e.r;
-      v.hutch_plus_plus = e.hpp;
+    for (const VariantRun& e : kEstimatorRuns) {
+      VariantSpec v = e.Spec(0);
       std::vector<double> err;
       for (size_t i = 0; i < views.size(); ++i) {
         v.seed = 1000 + i;
@@ -944,15 +952,12 @@ int Main(int argc, char** argv) {
         if (!engine.ComputePR({views[i]}, v, absl::MakeSpan(got)).ok()) return 1;
         err.push_back(std::fabs(got[0] - ref[i]) / ref[i]);
       }
-      std::sort(err.begin(), err.end());
-      double mean = 0;
-      for (double x : err) mean += x / err.size();
-      const double p95 = err[std::min(err.size() - 1, size_t(0.95 * err.size()))];
-      const std::string label = e.r > 0 ? absl::StrCat("sketch r=", e.r)
-                                        : absl::StrCat(e.hpp ? "hutch++" : "hutchinson", " K=", e.k);
-      std::printf("  %-9s %-18s mean %.4f  p95 %.4f\n", SpectrumName(sp), label.c_str(), mean, p95);
-      est.push_back({{"spectrum", SpectrumName(sp)}, {"estimator", label}, {"mean_rel_err", mean},
-                     {"p95_rel_err", p95}});
+      const ErrorStats st = StatsOf(std::move(err));
+      const std::string label = e.Label();
+      std::printf("  %-9s %-18s mean %.4f  p95 %.4f\n", SpectrumName(sp), label.c_str(), st.mean,
+                  st.p95);
+      est.push_back({{"spectrum", SpectrumName(sp)}, {"estimator", label},
+                     {"mean_rel_err", st.mean}, {"p95_rel_err", st.p95}});
     }
   }
   out["estimators"] = est;

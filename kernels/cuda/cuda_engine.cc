@@ -909,66 +909,58 @@ class Runner {
     const int64_t m = spec_.hutch_plus_plus && k >= 3 ? k / 3 : 0;
     const int64_t probes = k - 2 * m;
     const int ni = static_cast<int>(n), li = static_cast<int>(len);
-    *scale = 1.0 / static_cast<double>(probes);
-    if (m == 0) {
-      if (ew->drawn_for != n) {  // the same draws for every matrix of this side
-        std::vector<float> z2(static_cast<size_t>(n * probes));
-        rng.Rademacher(z2.data(), n * probes);
-        absl::Status s = Upload(ctx, ew->z, RowToColMajor(z2.data(), n, probes));
-        if (!s.ok()) return s;
-        ew->drawn_for = n;
-      }
-      absl::Status s = GramTimes(ctx, ew->x, tall, ni, li, ew->z, static_cast<int>(probes),
-                                 ew->tmp, ew->out);
-      if (!s.ok()) return s;
-      RVD_CUDA_RETURN_IF_ERROR(LaunchSumSquares(ew->out, 0, 1, 0, 1, ni,
-                                                static_cast<int>(probes), ni, SumMode::kAll,
-                                                ew->sums + i, ctx.stream));
-      return absl::OkStatus();
-    }
-    // Hutch++: the range of G Z1 on the host (per matrix), its part of
-    // tr(G^2) exactly, the rest from deflated probes.
-    ew->drawn_for = -1;
     float* const x = ew->x;
     float* const z = ew->z;
     float* const tmp = ew->tmp;
     float* const out = ew->out;
     double* const sum = ew->sums + i;
-    std::vector<float> z1(static_cast<size_t>(n * m));
-    rng.Rademacher(z1.data(), n * m);
-    absl::Status s = Upload(ctx, z, RowToColMajor(z1.data(), n, m));
-    if (s.ok()) s = GramTimes(ctx, x, tall, ni, li, z, static_cast<int>(m), tmp, out);
-    if (!s.ok()) return s;
-    std::vector<float> gz(static_cast<size_t>(n * m));
-    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(gz.data(), out, gz.size() * 4,
-                                             cudaMemcpyDeviceToHost, ctx.stream));
-    RVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
-    std::vector<float> q = ColToRowMajor(gz.data(), n, m);  // row-major n x m
-    std::vector<double> work;
-    Orthonormalize(q.data(), n, m, work);
-    s = Upload(ctx, z, RowToColMajor(q.data(), n, m));
-    if (s.ok()) s = GramTimes(ctx, x, tall, ni, li, z, static_cast<int>(m), tmp, out);
-    if (!s.ok()) return s;
-    absl::StatusOr<double> f = DeviceSum(ctx, out, ni, static_cast<int>(m), SumMode::kAll, sum);
-    if (!f.ok()) return f.status();
-    *offset = *f;
-    std::vector<float> z2(static_cast<size_t>(n * probes));
-    rng.Rademacher(z2.data(), n * probes);
-    // z -= Q (Q^T z), in float64 on the host.
-    for (int64_t p = 0; p < probes; ++p) {
-      for (int64_t c = 0; c < m; ++c) {
-        double dot = 0;
-        for (int64_t r = 0; r < n; ++r) dot += double(q[r * m + c]) * z2[r * probes + p];
-        for (int64_t r = 0; r < n; ++r) {
-          z2[r * probes + p] = static_cast<float>(z2[r * probes + p] - dot * q[r * m + c]);
+    std::vector<float> q;  // Hutch++: the range of G Z1, row-major n x m
+    if (m > 0) {  // its part of tr(G^2) exactly, a wait per matrix
+      ew->drawn_for = -1;
+      std::vector<float> z1(static_cast<size_t>(n * m));
+      rng.Rademacher(z1.data(), n * m);
+      absl::Status s = Upload(ctx, z, RowToColMajor(z1.data(), n, m));
+      if (s.ok()) s = GramTimes(ctx, x, tall, ni, li, z, static_cast<int>(m), tmp, out);
+      if (!s.ok()) return s;
+      std::vector<float> gz(static_cast<size_t>(n * m));
+      RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(gz.data(), out, gz.size() * 4,
+                                               cudaMemcpyDeviceToHost, ctx.stream));
+      RVD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx.stream));
+      q = ColToRowMajor(gz.data(), n, m);
+      std::vector<double> work;
+      Orthonormalize(q.data(), n, m, work);
+      s = Upload(ctx, z, RowToColMajor(q.data(), n, m));
+      if (s.ok()) s = GramTimes(ctx, x, tall, ni, li, z, static_cast<int>(m), tmp, out);
+      if (!s.ok()) return s;
+      absl::StatusOr<double> f = DeviceSum(ctx, out, ni, static_cast<int>(m), SumMode::kAll, sum);
+      if (!f.ok()) return f.status();
+      *offset = *f;
+    }
+    // The probes: Hutchinson's are the same for every matrix of this side
+    // (uploaded once); Hutch++ deflates them per matrix.
+    if (m > 0 || ew->drawn_for != n) {
+      std::vector<float> z2(static_cast<size_t>(n * probes));
+      rng.Rademacher(z2.data(), n * probes);
+      if (m > 0) {  // z -= Q (Q^T z), in float64 on the host
+        for (int64_t p = 0; p < probes; ++p) {
+          for (int64_t c = 0; c < m; ++c) {
+            double dot = 0;
+            for (int64_t r = 0; r < n; ++r) dot += double(q[r * m + c]) * z2[r * probes + p];
+            for (int64_t r = 0; r < n; ++r) {
+              z2[r * probes + p] = static_cast<float>(z2[r * probes + p] - dot * q[r * m + c]);
+            }
+          }
         }
       }
+      absl::Status s = Upload(ctx, z, RowToColMajor(z2.data(), n, probes));
+      if (!s.ok()) return s;
+      ew->drawn_for = m > 0 ? -1 : n;
     }
-    s = Upload(ctx, z, RowToColMajor(z2.data(), n, probes));
-    if (s.ok()) s = GramTimes(ctx, x, tall, ni, li, z, static_cast<int>(probes), tmp, out);
+    absl::Status s = GramTimes(ctx, x, tall, ni, li, z, static_cast<int>(probes), tmp, out);
     if (!s.ok()) return s;
     RVD_CUDA_RETURN_IF_ERROR(LaunchSumSquares(out, 0, 1, 0, 1, ni, static_cast<int>(probes), ni,
                                               SumMode::kAll, sum, ctx.stream));
+    *scale = 1.0 / static_cast<double>(probes);
     return absl::OkStatus();
   }
 
