@@ -26,11 +26,13 @@
 // spectrum families: mean and p95 relative error vs the oracle.
 //
 //   build/bin/rvd_bench_gpu [--json PATH] [--reps N] [--quick] [--probe] [--ab] [--ncu]
+//                           [--sustain]
 // (--probe: the v3 kernel alone with parts left out or K split across
 // blocks, to place its time; see Probe below. --ab: the wide kernels v3
 // and v4, and v4's probes, from this one binary: accuracy per dtype and
 // spectrum family first, then interleaved timing; see AB below. --ncu: the
-// --ab cases launched twice each by v4, for ncu to profile)
+// --ab cases launched twice each by v4, for ncu to profile; --sustain: see
+// Sustain)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -642,10 +644,67 @@ ErrorStats StatsOf(std::vector<double> err) {
   return e;
 }
 
+// --sustain: live v4 on each target case, first queued back to back for
+// 3 s (a median per 100 ms window), then one launch per host sync for 1 s,
+// each window stamped with the wall clock (seconds since the epoch) so that
+// nvidia-smi's clock and power samples (gpu_host_run.sh, smi.csv) can be
+// placed against it: whether a sustained stream of launches runs slower
+// than spaced ones, and at what clock.
+int Sustain(cudaStream_t stream, nlohmann::json* out) {
+  auto wall = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  std::mt19937_64 rng(13);
+  nlohmann::json rows = nlohmann::json::array();
+  const std::vector<Case> cases = {{480, 128, 4096, DType::kF32, "sustain"},
+                                   {480, 128, 4096, DType::kBF16, "sustain"},
+                                   {32, 1024, 4096, DType::kBF16, "sustain"}};
+  std::printf("\nsustain: live v4, kernel + finalize ms per window (wall s, median)\n");
+  for (const Case& c : cases) {
+    Inputs in;
+    if (Build(c, rng, &in, /*oracle=*/false) != 0) return 1;
+    std::vector<FusedPrepared> prep(3);
+    for (int s = 0; s < 3; ++s) {
+      if (Prepare(in.sets[s], &prep[s], FusedKernel::kV4) != 0) return 1;
+    }
+    auto launch = [&](int r) { return RunPrepared(prep[r % 3], stream); };
+    const std::string label = absl::StrCat(c.batch, " x ", c.rows, "x", c.cols, " ",
+                                           DTypeName(c.dtype));
+    for (const bool queued : {true, false}) {
+      const double t0 = wall(), seconds = queued ? 3.0 : 1.0;
+      nlohmann::json series = nlohmann::json::array();
+      std::printf("%-22s %-7s", label.c_str(), queued ? "queued" : "synced");
+      while (wall() - t0 < seconds) {
+        const double w0 = wall();
+        std::vector<double> t;
+        while (wall() - w0 < 0.1) {
+          std::vector<double> part;
+          if (queued) {
+            if (TimeQueued(launch, 20, 0.0, stream, &part) != 0) return 1;
+          } else if (TimeQueued(launch, 1, 0.0, stream, &part) != 0) {
+            return 1;
+          }
+          t.insert(t.end(), part.begin(), part.end());
+        }
+        const double m = Median(t);
+        series.push_back({{"wall_s", w0}, {"ms", m}, {"launches", t.size()}});
+        if (series.size() % 5 == 1) std::printf(" %.4f", m);
+      }
+      std::printf("\n");
+      rows.push_back({{"batch", c.batch}, {"rows", c.rows}, {"cols", c.cols},
+                      {"dtype", DTypeName(c.dtype)}, {"mode", queued ? "queued" : "synced"},
+                      {"series", series}});
+    }
+  }
+  (*out)["sustain"] = rows;
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   std::string json_path;
   int reps = 50;
-  bool quick = false, probe = false, ab = false, ncu = false;
+  bool quick = false, probe = false, ab = false, ncu = false, sustain = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
@@ -655,9 +714,10 @@ int Main(int argc, char** argv) {
     else if (a == "--probe") probe = true;
     else if (a == "--ab") ab = true;
     else if (a == "--ncu") ab = ncu = true;
+    else if (a == "--sustain") sustain = true;
     else {
       std::fprintf(stderr,
-                   "usage: %s [--json PATH] [--reps N] [--quick] [--probe] [--ab] [--ncu]\n",
+                   "usage: %s [--json PATH] [--reps N] [--quick] [--probe] [--ab] [--ncu] [--sustain]\n",
                    argv[0]);
       return 2;
     }
@@ -710,6 +770,11 @@ int Main(int argc, char** argv) {
   out["copy_TBps"] = copy_tbps;
   if (ab) {
     const int rc = AB(stream, reps, ncu, &out);
+    if (!json_path.empty()) std::ofstream(json_path) << out.dump(2);
+    return rc;
+  }
+  if (sustain) {
+    const int rc = Sustain(stream, &out);
     if (!json_path.empty()) std::ofstream(json_path) << out.dump(2);
     return rc;
   }

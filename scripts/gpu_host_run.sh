@@ -12,6 +12,9 @@
 #   torch_peers.{json,log}    the PyTorch peers (bench/torch_peers.py)
 #   ncu.tgz                   ncu's sections for v4 on the --ab cases
 #                             (rvd_bench_gpu --ncu): details.csv, raw.csv
+#   sustain.{json,log}        rvd_bench_gpu --sustain: queued vs spaced launches
+#   smi.csv                   nvidia-smi every 50 ms for the whole call: SM
+#                             clock, power, temperature, clock-event reasons
 # The logs, ncu.tgz and anything else but the JSON files are then packed
 # into logs.tgz: a device call returns at most 8 files.
 # Exit status: non-zero if any step failed (every step still runs).
@@ -39,6 +42,11 @@ export PYTHONUNBUFFERED=1 RVD_BUILD_DIR="$PWD/$stage"
   ldd "$stage/lib/librvd_cuda.so" 2>&1 | grep -E "not found|cublas|cusolver" || true
 } > "$OUT/env.txt" 2>&1
 
+# Clocks and power through the whole call, to place the timings against.
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,power.limit,temperature.gpu,clocks_event_reasons.active \
+  --format=csv -lms 50 > "$OUT/smi.csv" 2>&1 &
+smi_pid=$!
+
 rc=0
 step() {  # step NAME TIMEOUT_S COMMAND...: runs, logs to $OUT/NAME.log
   local name=$1 limit=$2; shift 2
@@ -55,9 +63,11 @@ step cuda_engine_test 90 "$stage/bin/cuda_engine_test"
 step integration_gpu 120 python3 -m pytest -q -p no:cacheprovider tests/gpu
 step gpu_bench 300 "$stage/bin/rvd_bench_gpu" --json "$OUT/gpu_bench.json"
 step gpu_ab 120 "$stage/bin/rvd_bench_gpu" --ab --reps 30 --json "$OUT/gpu_ab.json"
+step sustain 120 "$stage/bin/rvd_bench_gpu" --sustain --json "$OUT/sustain.json"
 step e2e_gpu 120 python3 bench/e2e_gpu.py --rounds 5
 step ncu 300 scripts/ncu_v4.sh "$stage/bin/rvd_bench_gpu" "$OUT/ncu"
 step torch_peers 180 bash -c "python3 bench/torch_peers.py > '$OUT/torch_peers.json'"
+kill "$smi_pid" 2>/dev/null
 cat "$OUT/torch_peers.json" 2>/dev/null
 [[ -f "$OUT/e2e_gpu.log" ]] && grep -h '^{' "$OUT/e2e_gpu.log" > "$OUT/e2e_gpu.json"
 (cd "$OUT" && find . -maxdepth 1 -type f ! -name '*.json' ! -name logs.tgz -printf '%f\n' |
