@@ -48,6 +48,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -248,7 +249,7 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
   const size_t sd = al(descs.size() * sizeof(MatrixDesc)), sj = al(nj * job_bytes),
                sb = al(jb.size() * 4), s8 = al(nj * 8), s4 = al(nj * 4),
                m8 = al(views.size() * 8), m4 = al(views.size() * 4),
-               sm = kernel == FusedKernel::kV4 ? al(views.size() * kTensorMapBytes) : 0;
+               sm = IsFusedV4(kernel) ? al(views.size() * kTensorMapBytes) : 0;
   BENCH_CHECK(cudaMalloc(&f->dev, sd + sj + sb + 2 * s8 + s4 + m8 + m4 + sm));
   auto* p = static_cast<uint8_t*>(f->dev);
   f->desc = reinterpret_cast<MatrixDesc*>(p);
@@ -268,7 +269,7 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
     BENCH_CHECK(cudaMemcpy(f->jobs, jobs.data(), nj * sizeof(FusedJob), cudaMemcpyHostToDevice));
   }
   BENCH_CHECK(cudaMemcpy(f->jb, jb.data(), jb.size() * 4, cudaMemcpyHostToDevice));
-  if (kernel == FusedKernel::kV4) {
+  if (IsFusedV4(kernel)) {
     std::vector<uint8_t> maps(views.size() * kTensorMapBytes);
     for (size_t i = 0; i < views.size(); ++i) {
       BENCH_CHECK(EncodeFusedV4Map(views[i].dtype, descs[i], maps.data() + i * kTensorMapBytes));
@@ -288,7 +289,9 @@ cudaError_t RunPrepared(const FusedPrepared& f, cudaStream_t s) {
       e = LaunchFusedV2(f.dtype, f.desc, f.jobs2, f.num_jobs, f.offdiag, f.g2, f.tr, f.mx, s);
       break;
     case FusedKernel::kV4:
-      e = LaunchFusedV4(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs, f.g2, f.tr, f.mx, s);
+    case FusedKernel::kV4Triangle:
+      e = LaunchFusedV4(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs,
+                        f.kernel == FusedKernel::kV4Triangle, f.g2, f.tr, f.mx, s);
       break;
   }
   if (e != cudaSuccess) return e;
@@ -385,6 +388,7 @@ struct Contender {
 constexpr Contender kContenders[] = {
     {"v3", FusedKernel::kV3, fused_v4::kLive, true},
     {"v4", FusedKernel::kV4, fused_v4::kLive, true},
+    {"v4-tri", FusedKernel::kV4Triangle, fused_v4::kLive, true},
 #ifdef RVD_V4_PREV
     {"v4-prev", FusedKernel::kV4, fused_v4::kLive, true, true},
 #endif
@@ -407,8 +411,9 @@ cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_
   }
 #endif
   if (v.v4_mode == fused_v4::kLive) return RunPrepared(f, s);
-  const cudaError_t e = LaunchFusedV4Probe(v.v4_mode, f.dtype, f.maps, f.desc, f.jobs2,
-                                           f.num_jobs, f.g2, f.tr, f.mx, s);
+  const cudaError_t e =
+      LaunchFusedV4Probe(v.v4_mode, f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs,
+                         f.kernel == FusedKernel::kV4Triangle, f.g2, f.tr, f.mx, s);
   if (e != cudaSuccess) return e;
   return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
 }
@@ -416,13 +421,16 @@ cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_
 // v4 only where it would serve on an H200 (f32: Gram side <= 128); some
 // probes change f32's pipeline only, others the 16-bit work shapes.
 bool Applies(const Contender& v, DType dt, int64_t rows, int64_t cols) {
-  if (v.kernel != FusedKernel::kV4) return true;
+  if (!IsFusedV4(v.kernel)) return true;
   const bool f32 = dt == DType::kF32;
   if ((v.v4_mode == fused_v4::kProbeNoConvert || v.v4_mode == fused_v4::kProbeMmaOnly) && !f32) {
     return false;
   }
   if (v.v4_mode == fused_v4::kProbeChain1 && f32) return false;
-  return ChooseFusedKernel(9, 0, dt, rows, cols, /*aligned=*/true) == FusedKernel::kV4;
+  // "v4-tri" where the engine would run it; the others (v4's square kernel)
+  // wherever v4 would run, the triangle's matrices included.
+  const FusedKernel chosen = ChooseFusedKernel(9, 0, dt, rows, cols, /*aligned=*/true);
+  return v.kernel == FusedKernel::kV4Triangle ? chosen == v.kernel : IsFusedV4(chosen);
 }
 
 // Each exact contender x dtype x spectrum family on 128x4096, 256x4096 and
@@ -528,7 +536,7 @@ int AB(cudaStream_t stream, int reps, bool profile, nlohmann::json* out) {
     if (profile) {
       for (int v = 0; v < kV; ++v) {
         const Contender& k = kContenders[v];
-        if (prep[v].empty() || k.kernel != FusedKernel::kV4 || k.v4_mode != fused_v4::kLive) {
+        if (prep[v].empty() || !IsFusedV4(k.kernel) || k.v4_mode != fused_v4::kLive) {
           continue;
         }
         for (int r = 0; r < 2; ++r) BENCH_CHECK(RunContender(prep[v][r], k, stream));
@@ -644,57 +652,95 @@ ErrorStats StatsOf(std::vector<double> err) {
   return e;
 }
 
-// --sustain: live v4 on each target case, first queued back to back for
-// 3 s (a median per 100 ms window), then one launch per host sync for 1 s,
-// each window stamped with the wall clock (seconds since the epoch) so that
-// nvidia-smi's clock and power samples (gpu_host_run.sh, smi.csv) can be
-// placed against it: whether a sustained stream of launches runs slower
-// than spaced ones, and at what clock.
+// --sustain: fused kernels run long enough for the H200's power control
+// to settle (it holds 1980 MHz for ~0.1 s of back-to-back launches, then
+// its 700 W cap lowers the SM clock: run s6-1), in three modes per run:
+//   queued  launches back to back for 1.5 s (a median per 100 ms window);
+//   synced  each launch timed alone after a host sync, 0.5 s;
+//   spaced  as synced with 5 ms idle after each launch, 1 s: what a
+//           sidecar measuring on an interval sees (a low duty cycle).
+// (synced and spaced: a 64 MB memset goes ahead of each timed launch, so
+// that the GPU reaches the start event only after the host has queued the
+// launch: the host's submission time, slow after a sleep, stays out.)
+// Each window is stamped with the wall clock (seconds since the epoch) so
+// that nvidia-smi's clock and power samples (gpu_host_run.sh, smi.csv;
+// bench/smi_align.py) can be placed against it. 128-row 16-bit cases run
+// v4's triangle and square kernels alternately, two rounds each: an A-B
+// whose blocks are long enough that each kernel runs at its own clock (the
+// --ab rounds are too short for that: the clock is set by their mix). The
+// probes (Contender) run once each: what each part of the kernel alone
+// costs at the power cap.
 int Sustain(cudaStream_t stream, nlohmann::json* out) {
   auto wall = [] {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
         .count();
   };
+  struct Run {
+    Case c;
+    std::vector<std::string> contenders;  // kContenders' names
+  };
+  const std::vector<Run> runs = {
+      {{480, 128, 4096, DType::kF32, "sustain"},
+       {"v4", "v4-mmaonly", "v4-loadonly", "v4-noconv", "v4-noload"}},
+      {{480, 128, 4096, DType::kBF16, "sustain"},
+       {"v4-tri", "v4", "v4-tri", "v4", "v4-noload", "v4-loadonly"}},
+      {{256, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri", "v4", "v4-tri", "v4"}},
+      {{32, 1024, 4096, DType::kBF16, "sustain"}, {"v4", "v4-noload", "v4-loadonly"}}};
+  enum Mode { kQueued, kSynced, kSpaced };
+  const char* const kModeNames[] = {"queued", "synced", "spaced"};
+  const double kSeconds[] = {1.5, 0.5, 1.0};
   std::mt19937_64 rng(13);
+  constexpr size_t kGateBytes = 64ull << 20;
+  void* gate = nullptr;
+  BENCH_CHECK(cudaMalloc(&gate, kGateBytes));
+  const std::unique_ptr<void, cudaError_t (*)(void*)> free_gate(gate, cudaFree);
   nlohmann::json rows = nlohmann::json::array();
-  const std::vector<Case> cases = {{480, 128, 4096, DType::kF32, "sustain"},
-                                   {480, 128, 4096, DType::kBF16, "sustain"},
-                                   {32, 1024, 4096, DType::kBF16, "sustain"}};
-  std::printf("\nsustain: live v4, kernel + finalize ms per window (wall s, median)\n");
-  for (const Case& c : cases) {
+  std::printf("\nsustain: kernel + finalize ms, median of the 100 ms windows (queued: after"
+              " the first 0.3 s)\n%-22s %-30s %9s %9s %9s\n",
+              "case", "kernel", "queued", "synced", "spaced");
+  for (const Run& run : runs) {
+    const Case& c = run.c;
     Inputs in;
     if (Build(c, rng, &in, /*oracle=*/false) != 0) return 1;
-    std::vector<FusedPrepared> prep(3);
-    for (int s = 0; s < 3; ++s) {
-      if (Prepare(in.sets[s], &prep[s], FusedKernel::kV4) != 0) return 1;
-    }
-    auto launch = [&](int r) { return RunPrepared(prep[r % 3], stream); };
     const std::string label = absl::StrCat(c.batch, " x ", c.rows, "x", c.cols, " ",
                                            DTypeName(c.dtype));
-    for (const bool queued : {true, false}) {
-      const double t0 = wall(), seconds = queued ? 3.0 : 1.0;
-      nlohmann::json series = nlohmann::json::array();
-      std::printf("%-22s %-7s", label.c_str(), queued ? "queued" : "synced");
-      while (wall() - t0 < seconds) {
-        const double w0 = wall();
-        std::vector<double> t;
-        while (wall() - w0 < 0.1) {
-          std::vector<double> part;
-          if (queued) {
-            if (TimeQueued(launch, 20, 0.0, stream, &part) != 0) return 1;
-          } else if (TimeQueued(launch, 1, 0.0, stream, &part) != 0) {
-            return 1;
+    for (const std::string& name : run.contenders) {
+      const Contender* v = nullptr;
+      for (const Contender& k : kContenders) {
+        if (name == k.name) v = &k;
+      }
+      if (v == nullptr) return 1;
+      std::vector<FusedPrepared> prep(3);
+      for (int s = 0; s < 3; ++s) {
+        if (Prepare(in.sets[s], &prep[s], v->kernel) != 0) return 1;
+      }
+      const char* kernel = v->name;
+      auto launch = [&](int r) { return RunContender(prep[r % 3], *v, stream); };
+      std::printf("%-22s %-30s", label.c_str(), kernel);
+      for (const Mode mode : {kQueued, kSynced, kSpaced}) {
+        const double t0 = wall();
+        nlohmann::json series = nlohmann::json::array();
+        std::vector<double> window_medians;
+        while (wall() - t0 < kSeconds[mode]) {
+          const double w0 = wall();
+          std::vector<double> t;
+          while (wall() - w0 < 0.1) {
+            std::vector<double> part;
+            if (mode != kQueued) BENCH_CHECK(cudaMemsetAsync(gate, 0, kGateBytes, stream));
+            if (TimeQueued(launch, mode == kQueued ? 20 : 1, 0.0, stream, &part) != 0) return 1;
+            t.insert(t.end(), part.begin(), part.end());
+            if (mode == kSpaced) std::this_thread::sleep_for(std::chrono::milliseconds(5));
           }
-          t.insert(t.end(), part.begin(), part.end());
+          series.push_back({{"wall_s", w0}, {"ms", Median(t)}, {"launches", t.size()}});
+          if (mode != kQueued || w0 - t0 >= 0.3) window_medians.push_back(Median(t));
         }
-        const double m = Median(t);
-        series.push_back({{"wall_s", w0}, {"ms", m}, {"launches", t.size()}});
-        if (series.size() % 5 == 1) std::printf(" %.4f", m);
+        const double m = Median(window_medians);
+        std::printf(" %9.4f", m);
+        rows.push_back({{"batch", c.batch}, {"rows", c.rows}, {"cols", c.cols},
+                        {"dtype", DTypeName(c.dtype)}, {"kernel", kernel},
+                        {"mode", kModeNames[mode]}, {"kernel_ms", m}, {"series", series}});
       }
       std::printf("\n");
-      rows.push_back({{"batch", c.batch}, {"rows", c.rows}, {"cols", c.cols},
-                      {"dtype", DTypeName(c.dtype)}, {"mode", queued ? "queued" : "synced"},
-                      {"series", series}});
     }
   }
   (*out)["sustain"] = rows;

@@ -13,6 +13,7 @@
 #   ncu.tgz                   ncu's sections for v4 on the --ab cases
 #                             (rvd_bench_gpu --ncu): details.csv, raw.csv
 #   sustain.{json,log}        rvd_bench_gpu --sustain: queued vs spaced launches
+#   sustain_clocks.txt        the same against smi.csv (bench/smi_align.py)
 #   smi.csv                   nvidia-smi every 50 ms for the whole call: SM
 #                             clock, power, temperature, clock-event reasons
 # The logs, ncu.tgz and anything else but the JSON files are then packed
@@ -68,6 +69,8 @@ step e2e_gpu 120 python3 bench/e2e_gpu.py --rounds 5
 step ncu 300 scripts/ncu_v4.sh "$stage/bin/rvd_bench_gpu" "$OUT/ncu"
 step torch_peers 180 bash -c "python3 bench/torch_peers.py > '$OUT/torch_peers.json'"
 kill "$smi_pid" 2>/dev/null
+[[ -f "$OUT/sustain.json" ]] &&
+  python3 bench/smi_align.py "$OUT/sustain.json" "$OUT/smi.csv" | tee "$OUT/sustain_clocks.txt"
 cat "$OUT/torch_peers.json" 2>/dev/null
 [[ -f "$OUT/e2e_gpu.log" ]] && grep -h '^{' "$OUT/e2e_gpu.log" > "$OUT/e2e_gpu.json"
 (cd "$OUT" && find . -maxdepth 1 -type f ! -name '*.json' ! -name logs.tgz -printf '%f\n' |

@@ -382,8 +382,8 @@ class Runner {
       kernel[i] = ChooseFusedKernel(engine_->sm_major_, engine_->sm_minor_, views[i].dtype,
                                     views[i].rows, views[i].cols, by_index[i].aligned != 0);
     }
-    auto key = [&](size_t i) {
-      return 3 * static_cast<int>(views[i].dtype) + static_cast<int>(kernel[i]);
+    auto key = [&](size_t i) {  // (dtype, kernel)
+      return 256 * static_cast<int>(views[i].dtype) + static_cast<int>(kernel[i]);
     };
     ctx.order.resize(m);
     std::iota(ctx.order.begin(), ctx.order.end(), size_t{0});
@@ -410,7 +410,7 @@ class Runner {
         }
         job_begin_.push_back(job_begin_.back() + static_cast<int32_t>(one.size()));
       } else {
-        any_v4 |= k == FusedKernel::kV4;
+        any_v4 |= IsFusedV4(k);
         list_begin[s] = static_cast<int32_t>(jobs2_.size());
         AppendFusedJobsV2(static_cast<int32_t>(s), side[0], FusedPolicyOf(k), &jobs2_);
         job_begin_.push_back(static_cast<int32_t>(jobs_.size() + jobs2_.size()));
@@ -443,7 +443,7 @@ class Runner {
     }
     std::memcpy(At<void>(ctx.up.ptr, o_jb), job_begin_.data(), (m + 1) * sizeof(int32_t));
     for (size_t i = 0; any_v4 && i < m; ++i) {
-      if (kernel[ctx.order[i]] != FusedKernel::kV4) continue;
+      if (!IsFusedV4(kernel[ctx.order[i]])) continue;
       RVD_CUDA_RETURN_IF_ERROR(EncodeFusedV4Map(
           views[ctx.order[i]].dtype, descs[i],
           At<unsigned char>(ctx.up.ptr, o_maps) + i * kTensorMapBytes));
@@ -495,8 +495,10 @@ class Runner {
               launch2(dt, d_desc, d_jobs2 + l0, j1 - j0, offdiag, g2, tr, mx, ctx.stream));
           break;
         case FusedKernel::kV4:
-          RVD_CUDA_RETURN_IF_ERROR(
-              launch4(dt, d_maps, d_desc, d_jobs2 + l0, j1 - j0, g2, tr, mx, ctx.stream));
+        case FusedKernel::kV4Triangle:
+          RVD_CUDA_RETURN_IF_ERROR(launch4(dt, d_maps, d_desc, d_jobs2 + l0, j1 - j0,
+                                           k == FusedKernel::kV4Triangle, g2, tr, mx,
+                                           ctx.stream));
           break;
       }
       fused_served_[FusedCountKey(FusedPolicyOf(k))] += static_cast<int64_t>(s1 - s0);

@@ -164,6 +164,7 @@ TEST_F(CudaEngineTest, VersionAndDefault) {
   if (V4Runs()) {
     EXPECT_THAT(engine_->Version(), HasSubstr("cuda-fused-v4/sm90"));
     EXPECT_THAT(engine_->Version(), HasSubstr(kFusedPolicyV4Sm90.name));
+    EXPECT_THAT(engine_->Version(), HasSubstr(kFusedPolicyV4TriangleSm90.name));
   }
 }
 
@@ -184,21 +185,25 @@ TEST_F(CudaEngineTest, ExactVariantsMatchOracle) {
   // v4 serves every wide one it can), nothing else.
   const auto counts = engine_->ServedCounts();
   const std::string v4 = absl::StrCat("fused/", kFusedPolicyV4Sm90.name);
+  const std::string tri = absl::StrCat("fused/", kFusedPolicyV4TriangleSm90.name);
   const std::string v3 = absl::StrCat("fused/", kFusedPolicyV3Sm90.name);
   const std::string v1 = absl::StrCat("fused/", kFusedPolicySm90.name);
-  // (v4 takes f32 only for Grams of side <= 128.)
-  int64_t on_v4 = 0, on_v3 = 0, on_v1 = 0;
+  // (v4 takes f32 only for Grams of side <= 128; 16-bit Grams of side <=
+  // 128 go to its triangle.)
+  int64_t on_v4 = 0, on_tri = 0, on_v3 = 0, on_v1 = 0;
   for (const Shape& sh : kShapes) {
     if (sh.rows > sh.cols) {
       on_v1 += 3 * 4;
     } else if (!V4Runs()) {
       on_v3 += 3 * 4;
     } else {
-      on_v4 += (sh.rows <= 128 ? 3 : 2) * 4;
+      on_v4 += (sh.rows <= 128 ? 1 : 2) * 4;
+      on_tri += (sh.rows <= 128 ? 2 : 0) * 4;
       on_v3 += (sh.rows <= 128 ? 0 : 1) * 4;
     }
   }
   EXPECT_EQ(counts.count(v4) ? counts.at(v4) : 0, on_v4);
+  EXPECT_EQ(counts.count(tri) ? counts.at(tri) : 0, on_tri);
   EXPECT_EQ(counts.count(v3) ? counts.at(v3) : 0, on_v3);
   EXPECT_EQ(counts.count(v1) ? counts.at(v1) : 0, on_v1);
 }
@@ -604,8 +609,9 @@ TEST_F(CudaEngineTest, UnknownVariantIsUnimplemented) {
 }
 
 // The checker must fail on a wrong kernel: each mutant reads one wrong index.
-// Host suites (packed, aligned rows) run v4 (sm_90) and v1; the same suite
-// as unaligned device views runs v3 for the wide ones.
+// Host suites (packed, aligned rows) run v4 (sm_90: 128 rows on its
+// triangle, 257 on its square) and v1; the same suite as unaligned device
+// views runs v3 for the wide ones.
 TEST_F(CudaEngineTest, CheckerCatchesMutantKernel) {
   const std::vector<StoredMatrix> suite =
       Suite(rng_, DType::kBF16, {{128, 4096}, {300, 40}, {257, 3001}});
@@ -639,8 +645,9 @@ TEST_F(CudaEngineTest, CheckerCatchesMutantKernel) {
     Check(out, ref, suite, absl::StrCat("fused after mutant, ", what));
   }
   const auto counts = engine_->ServedCounts();
-  for (const LaunchPolicy* p : {&kFusedPolicySm90, &kFusedPolicyV3Sm90, &kFusedPolicyV4Sm90}) {
-    if (p == &kFusedPolicyV4Sm90 && !V4Runs()) continue;
+  for (const LaunchPolicy* p : {&kFusedPolicySm90, &kFusedPolicyV3Sm90, &kFusedPolicyV4Sm90,
+                                &kFusedPolicyV4TriangleSm90}) {
+    if ((p == &kFusedPolicyV4Sm90 || p == &kFusedPolicyV4TriangleSm90) && !V4Runs()) continue;
     EXPECT_GT(counts.count(absl::StrCat("fused/MUTANT-", p->name)), 0u) << p->name;
   }
 }

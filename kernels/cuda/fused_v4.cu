@@ -31,7 +31,7 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (encode == nullptr) return cudaErrorNotSupported;
-  if (ChooseFusedKernel(9, 0, dtype, d.rows, d.cols, d.aligned != 0) != FusedKernel::kV4) {
+  if (!IsFusedV4(ChooseFusedKernel(9, 0, dtype, d.rows, d.cols, d.aligned != 0))) {
     return cudaErrorInvalidValue;
   }
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(d.cols),
@@ -53,10 +53,10 @@ cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map) {
 }
 
 cudaError_t LaunchFusedV4(DType dtype, const void* maps, const MatrixDesc* mats,
-                          const FusedJobV2* jobs, int num_jobs, double* g2,
+                          const FusedJobV2* jobs, int num_jobs, bool triangle, double* g2,
                           double* trace, float* maxabs, cudaStream_t stream) {
-  return fused_v4::LaunchFusedV4Dispatch<fused_v4::kLive>(dtype, maps, mats, jobs, num_jobs, g2,
-                                                trace, maxabs, stream);
+  return fused_v4::LaunchFusedV4Dispatch<fused_v4::kLive>(dtype, maps, mats, jobs, num_jobs,
+                                                          triangle, g2, trace, maxabs, stream);
 }
 
 }  // namespace rvd::cuda

@@ -71,9 +71,23 @@ namespace rvd::cuda::fused_v4 {
 
 constexpr int kTile = 128;                   // Gram rows and columns of a job
 constexpr int kSliceK = 64;                  // K elements per stage
-constexpr int kConsumers = 2;                // warpgroups of 64 Gram rows
-constexpr int kConsumerWarps = 4 * kConsumers;
 constexpr int kHalfTileBytes = kTile * kSliceK * 2;  // one 16-bit operand tile
+
+// The consumer warpgroups. Square: 2, each 64 Gram rows x all 128 columns
+// of the job (wgmma m64n128). Triangle (16-bit Grams of side <= 128, all
+// jobs diagonal): 3, the 64 x 64 blocks (0,0), (0,1) and (1,1) of the
+// symmetric square (m64n64; (0,1) counts twice): 3/4 of the square's
+// tensor-core work, with the same instruction sequence in every warpgroup
+// (only the operand addresses differ, computed without a branch: a branch
+// on the warpgroup around wgmma serializes them, ptxas C7520).
+template <bool kTriangle>
+struct Consumers {
+  static constexpr int kGroups = kTriangle ? 3 : 2;
+  static constexpr int kWarps = 4 * kGroups;
+  static constexpr int kN = kTriangle ? 64 : 128;  // wgmma N: Gram columns per warpgroup
+  static constexpr int kAcc = kN / 2;              // accumulators per thread
+};
+constexpr int kMaxConsumerWarps = Consumers<true>::kWarps;
 
 // Shared memory per input type: the TMA ring of kStages stages (1024-byte
 // aligned for the 128B swizzle), f32's converted sets, then the mbarriers,
@@ -87,9 +101,10 @@ constexpr int kHalfTileBytes = kTile * kSliceK * 2;  // one 16-bit operand tile
 // for 16-bit, the sets for f32. (The sets written in place of the f32
 // stages, 7 of them and no sets, were 9% slower: a stage then stays taken
 // until the consumers are done with it, run s4-7.)
-template <typename T>
+template <typename T, bool kTriangle = false>
 struct Layout {
   static constexpr bool kF32 = std::is_same_v<T, float>;
+  static_assert(!(kF32 && kTriangle), "f32 runs square jobs only");
   static constexpr int kStages = kF32 ? 4 : 6;
   static constexpr int kTileBytes = kTile * kSliceK * (kF32 ? 4 : 2);  // one TMA copy
   static constexpr int kStageBytes = kF32 ? kTileBytes : 2 * kTileBytes;
@@ -104,12 +119,12 @@ struct Layout {
   static constexpr int kReduceOffset = kInvOffset + 16;
   // Epilogue partials (2 sets x 3 doubles per warp), then 3 x 8 words of
   // per-warp maxima (f32's scales).
-  static constexpr int kSmemBytes = 1024 + kReduceOffset + 2 * kConsumerWarps * 24 +
-                                    3 * kConsumerWarps * 4 + 64;
+  static constexpr int kSmemBytes = 1024 + kReduceOffset + 2 * kMaxConsumerWarps * 24 +
+                                    3 * kMaxConsumerWarps * 4 + 64;
   // Block: the consumers, then one warpgroup (16-bit: its first thread
   // issues the copies) or, f32, two that convert (and issue the copies).
   static constexpr int kThirdWarpgroups = kF32 ? 2 : 1;
-  static constexpr int kThreads = 128 * (kConsumers + kThirdWarpgroups);
+  static constexpr int kThreads = 128 * (Consumers<kTriangle>::kGroups + kThirdWarpgroups);
   static constexpr int kRingSlots = kF32 ? kSets : kStages;
   static constexpr int kRingOffset = kF32 ? kSetOffset : 0;
   static constexpr int kRingSlotBytes = kF32 ? kSetBytes : kStageBytes;
@@ -124,18 +139,20 @@ struct Layout {
 // with kLaunch each (64K registers / threads, multiple of 8): the
 // consumers' increase must equal what the others give up, or
 // setmaxnreg.inc waits forever (an 80 / 216 split did, H200 run s2-5).
-// 16-bit: the third warpgroup only issues TMA copies (40); the consumers
-// hold two accumulator sets and the sums (232). f32: two converter
+// 16-bit: the producer warpgroup only issues TMA copies (40; 56 next to
+// three consumer warpgroups); the consumers hold two accumulator sets and
+// the sums (232 for m64n128; 152 for m64n64). f32: two converter
 // warpgroups (104 each: eight float4 in flight per thread), and the
 // consumers hold one accumulator set and the sums (152): the tensor cores
 // are not what limits f32, the conversion is (run s4-3).
-template <typename T>
+template <typename T, bool kTriangle = false>
 struct Registers {
-  static constexpr int kLaunch = 65536 / Layout<T>::kThreads / 8 * 8;
-  static constexpr int kThird = Layout<T>::kF32 ? 104 : 40;
-  static constexpr int kConsumer = Layout<T>::kF32 ? 152 : 232;
-  static_assert(kConsumers * (kConsumer - kLaunch) ==
-                    Layout<T>::kThirdWarpgroups * (kLaunch - kThird),
+  using L = Layout<T, kTriangle>;
+  static constexpr int kLaunch = 65536 / L::kThreads / 8 * 8;
+  static constexpr int kThird = L::kF32 ? 104 : (kTriangle ? 56 : 40);
+  static constexpr int kConsumer = L::kF32 || kTriangle ? 152 : 232;
+  static_assert(Consumers<kTriangle>::kGroups * (kConsumer - kLaunch) ==
+                    L::kThirdWarpgroups * (kLaunch - kThird),
                 "register budget");
 };
 
@@ -154,6 +171,11 @@ constexpr int kLargeChainSlices = kPolicy.chain_ksteps_large / (kSliceK / 16);
 static_assert(kLargeChainSlices == 2 && kPolicy.chain_ksteps_large % (kSliceK / 16) == 0);
 static_assert(kPolicy.f32_split == 2);  // hi hi^T + hi (2 lo)^T
 static_assert(kPolicy.blocks_per_sm == 1);
+constexpr LaunchPolicy kTrianglePolicy = kFusedPolicyV4TriangleSm90;
+static_assert(kTrianglePolicy.block_tile == kTile && kTrianglePolicy.warp_tile == 64 &&
+              kTrianglePolicy.warps * 32 == Layout<__nv_bfloat16, true>::kThreads &&
+              kTrianglePolicy.stages == Layout<__nv_bfloat16, true>::kStages &&
+              kTrianglePolicy.chain_ksteps == kSliceK / 16);
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define RVD_FUSED_V4_DEVICE 1
@@ -233,67 +255,87 @@ __device__ __forceinline__ void WgmmaWait() {
 
 // Pins the accumulators to this point of the instruction stream: wgmma
 // writes them asynchronously, which the compiler cannot see.
-__device__ __forceinline__ void FenceAccumulators(float (&d)[64]) {
+template <int kAcc>
+__device__ __forceinline__ void FenceAccumulators(float (&d)[kAcc]) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < kAcc; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The accumulator operand lists of wgmma m64nNk16 (N / 2 per thread):
+// "{%0, .., %31}" or "{%0, .., %63}", then descriptors %32, %33 or %64, %65.
+#define RVD_V4_D32                                                              \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
+  "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define RVD_V4_D64                                                               \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
   "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, "   \
   "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "   \
   "%62, %63}"
-// The 64 accumulator operands with constraint c: "+f" (read and written)
-// or "=f" (written only).
-#define RVD_V4_D64_ARGS(c, d)                                                   \
+// The accumulator operands with constraint c: "+f" (read and written) or
+// "=f" (written only).
+#define RVD_V4_D32_ARGS(c, d)                                                   \
   c(d[0]), c(d[1]), c(d[2]), c(d[3]), c(d[4]), c(d[5]), c(d[6]), c(d[7]), \
       c(d[8]), c(d[9]), c(d[10]), c(d[11]), c(d[12]), c(d[13]), c(d[14]), \
       c(d[15]), c(d[16]), c(d[17]), c(d[18]), c(d[19]), c(d[20]), c(d[21]), \
       c(d[22]), c(d[23]), c(d[24]), c(d[25]), c(d[26]), c(d[27]), c(d[28]), \
-      c(d[29]), c(d[30]), c(d[31]), c(d[32]), c(d[33]), c(d[34]), c(d[35]), \
-      c(d[36]), c(d[37]), c(d[38]), c(d[39]), c(d[40]), c(d[41]), c(d[42]), \
-      c(d[43]), c(d[44]), c(d[45]), c(d[46]), c(d[47]), c(d[48]), c(d[49]), \
-      c(d[50]), c(d[51]), c(d[52]), c(d[53]), c(d[54]), c(d[55]), c(d[56]), \
-      c(d[57]), c(d[58]), c(d[59]), c(d[60]), c(d[61]), c(d[62]), c(d[63])
-#define RVD_V4_D64_OPERANDS(d) RVD_V4_D64_ARGS("+f", d)
-#define RVD_V4_D64_OUTPUTS(d) RVD_V4_D64_ARGS("=f", d)
+      c(d[29]), c(d[30]), c(d[31])
+#define RVD_V4_D64_ARGS(c, d)                                                   \
+  RVD_V4_D32_ARGS(c, d), c(d[32]), c(d[33]), c(d[34]), c(d[35]), c(d[36]),  \
+      c(d[37]), c(d[38]), c(d[39]), c(d[40]), c(d[41]), c(d[42]), c(d[43]), \
+      c(d[44]), c(d[45]), c(d[46]), c(d[47]), c(d[48]), c(d[49]), c(d[50]), \
+      c(d[51]), c(d[52]), c(d[53]), c(d[54]), c(d[55]), c(d[56]), c(d[57]), \
+      c(d[58]), c(d[59]), c(d[60]), c(d[61]), c(d[62]), c(d[63])
 
-// d = A (64 x 16, K-major) * B^T (B: 128 x 16, K-major) (+ d unless
+// d = A (64 x 16, K-major) * B^T (B: kN x 16, K-major) (+ d unless
 // kFirst: the first k-step of a chain writes d without reading it, so the
 // compiler need not keep d's old values alive).
-template <typename T, bool kFirst>
-__device__ __forceinline__ void WgmmaM64N128K16(float (&d)[64], uint64_t a, uint64_t b) {
+template <typename T, int kN, bool kFirst>
+__device__ __forceinline__ void Wgmma(float (&d)[kN / 2], uint64_t a, uint64_t b) {
   static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
-  // One asm per (first, types): PTX wants the operand types in the text.
-#define RVD_V4_WGMMA_FIRST(types)                                                    \
-  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, 0, 0;\n"                         \
-               " wgmma.mma_async.sync.aligned.m64n128k16.f32." types " " RVD_V4_D64 \
-               ", %64, %65, p, 1, 1, 0, 0;\n}"                                       \
-               : RVD_V4_D64_OUTPUTS(d)                                               \
+  static_assert(kN == 64 || kN == 128);
+  // One asm per (N, first, types): PTX wants the shape and operand types in
+  // the text.
+#define RVD_V4_WGMMA_FIRST(n, list, outs, a_at, b_at, types)                             \
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, 0, 0;\n"                             \
+               " wgmma.mma_async.sync.aligned.m64n" #n "k16.f32." types " " list ", %" \
+               #a_at ", %" #b_at ", p, 1, 1, 0, 0;\n}"                                   \
+               : outs                                                                    \
                : "l"(a), "l"(b))
-#define RVD_V4_WGMMA_ACCUMULATE(types)                                                \
-  asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." types " " RVD_V4_D64   \
-               ", %64, %65, 1, 1, 1, 0, 0;"                                          \
-               : RVD_V4_D64_OPERANDS(d)                                              \
+#define RVD_V4_WGMMA_ACCUMULATE(n, list, ops, a_at, b_at, types)                   \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n" #n "k16.f32." types " " list \
+               ", %" #a_at ", %" #b_at ", 1, 1, 1, 0, 0;"                         \
+               : ops                                                               \
                : "l"(a), "l"(b))
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
-  if constexpr (kFirst && kBf16) {
-    RVD_V4_WGMMA_FIRST("bf16.bf16");
-  } else if constexpr (kFirst) {
-    RVD_V4_WGMMA_FIRST("f16.f16");
-  } else if constexpr (kBf16) {
-    RVD_V4_WGMMA_ACCUMULATE("bf16.bf16");
+  if constexpr (kN == 128) {
+    if constexpr (kFirst && kBf16) {
+      RVD_V4_WGMMA_FIRST(128, RVD_V4_D64, RVD_V4_D64_ARGS("=f", d), 64, 65, "bf16.bf16");
+    } else if constexpr (kFirst) {
+      RVD_V4_WGMMA_FIRST(128, RVD_V4_D64, RVD_V4_D64_ARGS("=f", d), 64, 65, "f16.f16");
+    } else if constexpr (kBf16) {
+      RVD_V4_WGMMA_ACCUMULATE(128, RVD_V4_D64, RVD_V4_D64_ARGS("+f", d), 64, 65, "bf16.bf16");
+    } else {
+      RVD_V4_WGMMA_ACCUMULATE(128, RVD_V4_D64, RVD_V4_D64_ARGS("+f", d), 64, 65, "f16.f16");
+    }
   } else {
-    RVD_V4_WGMMA_ACCUMULATE("f16.f16");
+    if constexpr (kFirst && kBf16) {
+      RVD_V4_WGMMA_FIRST(64, RVD_V4_D32, RVD_V4_D32_ARGS("=f", d), 32, 33, "bf16.bf16");
+    } else if constexpr (kFirst) {
+      RVD_V4_WGMMA_FIRST(64, RVD_V4_D32, RVD_V4_D32_ARGS("=f", d), 32, 33, "f16.f16");
+    } else if constexpr (kBf16) {
+      RVD_V4_WGMMA_ACCUMULATE(64, RVD_V4_D32, RVD_V4_D32_ARGS("+f", d), 32, 33, "bf16.bf16");
+    } else {
+      RVD_V4_WGMMA_ACCUMULATE(64, RVD_V4_D32, RVD_V4_D32_ARGS("+f", d), 32, 33, "f16.f16");
+    }
   }
 #undef RVD_V4_WGMMA_FIRST
 #undef RVD_V4_WGMMA_ACCUMULATE
 }
 
+#undef RVD_V4_D32
 #undef RVD_V4_D64
-#undef RVD_V4_D64_OPERANDS
-#undef RVD_V4_D64_OUTPUTS
+#undef RVD_V4_D32_ARGS
 #undef RVD_V4_D64_ARGS
 
 template <typename T>
@@ -349,40 +391,45 @@ __device__ __forceinline__ void ProduceSlices(const CUtensorMap* maps, const Mat
   }
 }
 
-// Job j's outputs from each consumer thread's 64 running sums. Fragment
-// entry i: Gram row 16 warp + lane / 4 + 8 ((i / 2) % 2) of the tile,
-// column 8 (i / 4) + 2 (lane % 4) + i % 2.
-__device__ __forceinline__ void ReduceJob(const float (&sum)[64], bool diag, int k, int j,
-                                          double* red, int parity, double* g2,
-                                          double* trace, float* maxabs) {
+// Job j's outputs from each consumer thread's kAcc running sums: its
+// warpgroup's block of the tile has its first row and column at (row0,
+// col0) and counts `weight` times (1 or 2) in ||G||^2. Fragment entry i:
+// tile row row0 + 16 (warp % 4) + lane / 4 + 8 ((i / 2) % 2), column col0
+// + 8 (i / 4) + 2 (lane % 4) + i % 2.
+template <int kGroups, int kAcc>
+__device__ __forceinline__ void ReduceJob(const float (&sum)[kAcc], bool diag, int row0, int col0,
+                                          double weight, int k, int j, double* red, int parity,
+                                          double* g2, double* trace, float* maxabs) {
+  constexpr int kWarps = 4 * kGroups;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   double g = 0.0, t = 0.0;
   float dmax = 0.0f;
 #pragma unroll
-  for (int i = 0; i < 64; ++i) {
+  for (int i = 0; i < kAcc; ++i) {
     const double v = sum[i];
     g = fma(v, v, g);
-    const int row = 16 * warp + lane / 4 + 8 * ((i / 2) % 2);
-    const int col = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+    const int row = row0 + 16 * (warp % 4) + lane / 4 + 8 * ((i / 2) % 2);
+    const int col = col0 + 8 * (i / 4) + 2 * (lane % 4) + i % 2;
     if (diag && row == col) {
       t += v;
       dmax = (sum[i] > dmax || sum[i] != sum[i]) ? sum[i] : dmax;
     }
   }
+  g *= weight;  // exact
   g = WarpSum(g);
   t = WarpSum(t);
   dmax = WarpMaxKeepNaN(dmax);
-  double* slot = red + parity * kConsumerWarps * 3;
+  double* slot = red + parity * kWarps * 3;
   if (lane == 0) {
     slot[3 * warp] = g;
     slot[3 * warp + 1] = t;
     slot[3 * warp + 2] = dmax;
   }
-  asm volatile("bar.sync 1, %0;" ::"n"(128 * kConsumers) : "memory");
+  asm volatile("bar.sync 1, %0;" ::"n"(128 * kGroups) : "memory");
   if (threadIdx.x == 0) {
     double bg = 0.0, bt = 0.0;
     float bd = 0.0f;
-    for (int w = 0; w < kConsumerWarps; ++w) {
+    for (int w = 0; w < kWarps; ++w) {
       bg += slot[3 * w];
       bt += slot[3 * w + 1];
       const float d = static_cast<float>(slot[3 * w + 2]);
@@ -432,7 +479,7 @@ __device__ __forceinline__ void ReduceJob(const float (&sum)[64], bool diag, int
 constexpr int kConverterGroups = 2;
 constexpr int kConverters = 128;                                   // threads per group
 constexpr int kConvertTasks = kTile * kSliceK / 4 / kConverters;  // float4s per thread
-static_assert(12 * kConverterGroups <= 3 * kConsumerWarps, "red_max words per group");
+static_assert(12 * kConverterGroups <= 3 * kMaxConsumerWarps, "red_max words per group");
 
 struct TileScale {
   float scale;  // s
@@ -580,7 +627,7 @@ __device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const Mat
                                               uint32_t* red_max) {
   using L = Layout<float>;
   static_assert(L::kStages % kConverterGroups == 0);
-  const int g = (threadIdx.x - 128 * kConsumers) / kConverters;
+  const int g = (threadIdx.x - 128 * Consumers<false>::kGroups) / kConverters;
   const int ct = threadIdx.x % kConverters;
   // This group's words of red_max: 4 for ScaleOfTile, 2 x 4 alternating.
   uint32_t* const slots = red_max + 12 * g;
@@ -666,14 +713,15 @@ __device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const Mat
 
 #endif  // RVD_FUSED_V4_DEVICE
 
-template <typename T, int kMode>
-__global__ void __launch_bounds__(Layout<T>::kThreads, 1)
+template <typename T, int kMode, bool kTriangle>
+__global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     FusedV4Kernel(const CUtensorMap* maps, const MatrixDesc* mats,
                   const FusedJobV2* jobs, int num_jobs, double* g2, double* trace,
                   float* maxabs) {
 #ifdef RVD_FUSED_V4_DEVICE
-  using L = Layout<T>;
-  using R = Registers<T>;
+  using L = Layout<T, kTriangle>;
+  using R = Registers<T, kTriangle>;
+  using C = Consumers<kTriangle>;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = SmemAddr(smem_raw);
   const uint32_t tiles = (raw + 1023) & ~1023u;
@@ -684,29 +732,29 @@ __global__ void __launch_bounds__(Layout<T>::kThreads, 1)
   const uint32_t set_empty0 = tiles + L::kSetEmptyOffset;
   float* const set_inv = reinterpret_cast<float*>(base + L::kInvOffset);
   double* const red = reinterpret_cast<double*>(base + L::kReduceOffset);
-  uint32_t* const red_max = reinterpret_cast<uint32_t*>(red + 2 * kConsumerWarps * 3);
+  uint32_t* const red_max = reinterpret_cast<uint32_t*>(red + 2 * kMaxConsumerWarps * 3);
 
   const int warp = threadIdx.x / 32;  // consumers 0 .. 7, then the third warpgroup(s)
   const int lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < L::kStages; ++s) {
       MbarInit(full0 + 8 * s, 1);
-      MbarInit(empty0 + 8 * s, kConsumerWarps);
+      MbarInit(empty0 + 8 * s, C::kWarps);
     }
     for (int s = 0; s < L::kSets; ++s) {
       MbarInit(set_full0 + 8 * s, 1);
-      MbarInit(set_empty0 + 8 * s, kConsumerWarps);
+      MbarInit(set_empty0 + 8 * s, C::kWarps);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
 
-  if (warp >= kConsumerWarps) {
+  if (warp >= C::kWarps) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R::kThird));
     if constexpr (L::kF32) {
       ConvertSlices<kMode>(maps, mats, jobs, num_jobs, tiles, base, full0, set_full0, set_empty0,
                            set_inv, red_max);
-    } else if (warp == kConsumerWarps && lane == 0) {
+    } else if (warp == C::kWarps && lane == 0) {
       ProduceSlices<T, kMode>(maps, mats, jobs, num_jobs, tiles, full0, empty0);
     }
     return;
@@ -722,16 +770,24 @@ __global__ void __launch_bounds__(Layout<T>::kThreads, 1)
   // Grams keep one slice per chain (two were 3-5% slower there: a unit
   // holds two stages). Chosen from the matrix alone, so that a matrix gets
   // the same bits in every launch; max error 5e-7 (run s3-3). f32 chains
-  // one slice (each has its own scale). A diagonal tile computes its whole
-  // square: giving the second warpgroup the 64 x 64 quadrant (m64n64) made
-  // ptxas serialize every wgmma of the kernel (runs s3-5, s3-6).
+  // one slice (each has its own scale).
+  //
+  // Warpgroup c's block of the tile: square, rows 64c.., all columns;
+  // triangle, block (c / 2, (c + 1) / 2) (in units of 64), counted twice
+  // when off the diagonal. Operand offsets by arithmetic, not a branch
+  // (a branch around wgmma on the warpgroup index serializes them: C7520,
+  // runs s3-5, s3-6).
+  constexpr int kAcc = C::kAcc;
   const int c = warp / 4;
+  const int row0 = kTriangle ? 64 * (c / 2) : 64 * c;
+  const int col0 = kTriangle ? 64 * ((c + 1) / 2) : 0;
+  const double weight = kTriangle && c == 1 ? 2.0 : 1.0;
   const uint32_t ring_full0 = tiles + L::kRingFullOffset;
   const uint32_t ring_empty0 = tiles + L::kRingEmptyOffset;
   int next = 0, done = 0;
   uint32_t next_phase = 0;
   int parity = 0;  // which set of epilogue partials
-  float part0[64], part1[64];
+  float part0[kAcc], part1[kAcc];
   for (int j = blockIdx.x; j < num_jobs; j += gridDim.x) {
     const FusedJobV2 job = jobs[j];
     const int cols = mats[job.matrix].cols;
@@ -741,9 +797,9 @@ __global__ void __launch_bounds__(Layout<T>::kThreads, 1)
     const int units = (slices + chain - 1) / chain;
     const bool diag = job.diagonal != 0;
     const bool one_tile = diag || kMode == kProbeBIsA;
-    float sum[64];
+    float sum[kAcc];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) sum[i] = 0.0f;
+    for (int i = 0; i < kAcc; ++i) sum[i] = 0.0f;
     auto free_slot = [&] {
       if (lane == 0) MbarArrive(ring_empty0 + 8 * done);
       if (++done == L::kRingSlots) done = 0;
@@ -763,21 +819,22 @@ __global__ void __launch_bounds__(Layout<T>::kThreads, 1)
     };
     // The prepared slice into `part` (from zero when `fresh`); f32: hi hi^T
     // + hi (2 lo)^T.
-    auto issue = [&](float (&part)[64], bool fresh) {
+    auto issue = [&](float (&part)[kAcc], bool fresh) {
       using MmaT = std::conditional_t<L::kF32, __half, T>;
-      const uint32_t a = ready + c * 64 * 128;
-      const uint32_t b = L::kF32 || one_tile ? ready : ready + L::kTileBytes;
+      // (Rows of 128 bytes: row r of a tile at + 128 r.)
+      const uint32_t a = ready + row0 * 128;
+      const uint32_t b = (L::kF32 || one_tile ? ready : ready + L::kTileBytes) + col0 * 128;
 #pragma unroll
       for (int kk = 0; kk < kSliceK / 16; ++kk) {
         const int kb = kMode == kMutant && !L::kF32 && kk == kSliceK / 16 - 1 ? 0 : kk;
         const uint64_t da = SwizzledDesc(a + 32 * kk), db = SwizzledDesc(b + 32 * kb);
         if (kk == 0 && fresh) {
-          WgmmaM64N128K16<MmaT, true>(part, da, db);
+          Wgmma<MmaT, C::kN, true>(part, da, db);
         } else {
-          WgmmaM64N128K16<MmaT, false>(part, da, db);
+          Wgmma<MmaT, C::kN, false>(part, da, db);
         }
         if constexpr (L::kF32) {
-          WgmmaM64N128K16<MmaT, false>(part, da, SwizzledDesc(b + kHalfTileBytes + 32 * kb));
+          Wgmma<MmaT, C::kN, false>(part, da, SwizzledDesc(b + kHalfTileBytes + 32 * kb));
         }
       }
     };
@@ -788,7 +845,7 @@ __global__ void __launch_bounds__(Layout<T>::kThreads, 1)
     // fence to the commit issues wgmma: on a path without, ptxas adds an
     // empty wgmma group, and the wait for one pending group then waits for
     // the slice just issued (run s3-2).
-    auto issue_unit = [&](float (&part)[64], float& inv, int u) {
+    auto issue_unit = [&](float (&part)[kAcc], float& inv, int u) {
       prepare();
       inv = ready_inv;
       FenceAccumulators(part);
@@ -800,7 +857,7 @@ __global__ void __launch_bounds__(Layout<T>::kThreads, 1)
       }
       WgmmaCommit();
     };
-    auto retire = [&](float (&part)[64], float inv, int u) {
+    auto retire = [&](float (&part)[kAcc], float inv, int u) {
       FenceAccumulators(part);
       free_slot();
       if (unit_slices(u) == 2) free_slot();
@@ -810,7 +867,7 @@ __global__ void __launch_bounds__(Layout<T>::kThreads, 1)
         sum[0] = __fadd_rn(sum[0], part[0]);
       } else {
 #pragma unroll
-        for (int i = 0; i < 64; ++i) {
+        for (int i = 0; i < kAcc; ++i) {
           sum[i] = L::kF32 ? __fmaf_rn(part[i], inv, sum[i]) : __fadd_rn(sum[i], part[i]);
         }
       }
@@ -818,7 +875,12 @@ __global__ void __launch_bounds__(Layout<T>::kThreads, 1)
     // One step: unit u runs in `run`, unit u + 1 (< units) goes into
     // `nxt`, then u is retired.
     float inv0 = 1.0f, inv1 = 1.0f;
-    auto step = [&](float (&run)[64], float run_inv, float (&nxt)[64], float& nxt_inv, int u) {
+    auto reduce_job = [&](const float (&sums)[kAcc]) {
+      ReduceJob<C::kGroups>(sums, diag, row0, col0, weight, cols, j, red, parity, g2, trace,
+                            maxabs);
+    };
+    auto step = [&](float (&run)[kAcc], float run_inv, float (&nxt)[kAcc], float& nxt_inv,
+                    int u) {
       issue_unit(nxt, nxt_inv, u + 1);
       WgmmaWait<1>();
       retire(run, run_inv, u);
@@ -828,7 +890,7 @@ __global__ void __launch_bounds__(Layout<T>::kThreads, 1)
         prepare();
         free_slot();
       }
-      ReduceJob(sum, diag, cols, j, red, parity, g2, trace, maxabs);
+      reduce_job(sum);
       parity ^= 1;
       continue;
     }
@@ -839,7 +901,7 @@ __global__ void __launch_bounds__(Layout<T>::kThreads, 1)
         WgmmaWait<0>();
         retire(part0, inv0, u);
       }
-      ReduceJob(sum, diag, cols, j, red, parity, g2, trace, maxabs);
+      reduce_job(sum);
       parity ^= 1;
       continue;
     }
@@ -859,19 +921,19 @@ __global__ void __launch_bounds__(Layout<T>::kThreads, 1)
       WgmmaWait<0>();
       retire(part0, inv0, u);
     }
-    ReduceJob(sum, diag, cols, j, red, parity, g2, trace, maxabs);
+    reduce_job(sum);
     parity ^= 1;
   }
 #endif  // RVD_FUSED_V4_DEVICE
 }
 
-template <typename T, int kMode>
-cudaError_t LaunchFusedV4T(const void* maps, const MatrixDesc* mats,
-                           const FusedJobV2* jobs, int num_jobs, double* g2,
-                           double* trace, float* maxabs, cudaStream_t stream) {
+template <typename T, int kMode, bool kTriangle>
+cudaError_t LaunchFusedV4Shape(const void* maps, const MatrixDesc* mats, const FusedJobV2* jobs,
+                               int num_jobs, double* g2, double* trace, float* maxabs,
+                               cudaStream_t stream) {
   if (num_jobs <= 0) return cudaSuccess;
-  auto* kernel = FusedV4Kernel<T, kMode>;
-  constexpr int smem = Layout<T>::kSmemBytes;
+  auto* kernel = FusedV4Kernel<T, kMode, kTriangle>;
+  constexpr int smem = Layout<T, kTriangle>::kSmemBytes;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   int device = 0, sms = 0;
@@ -879,25 +941,44 @@ cudaError_t LaunchFusedV4T(const void* maps, const MatrixDesc* mats,
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (e != cudaSuccess) return e;
   const int grid = num_jobs < sms ? num_jobs : sms;
-  kernel<<<grid, Layout<T>::kThreads, smem, stream>>>(static_cast<const CUtensorMap*>(maps), mats, jobs,
-                                           num_jobs, g2, trace, maxabs);
+  kernel<<<grid, Layout<T, kTriangle>::kThreads, smem, stream>>>(
+      static_cast<const CUtensorMap*>(maps), mats, jobs, num_jobs, g2, trace, maxabs);
   return cudaGetLastError();
+}
+
+// `triangle`: the launch's jobs are all diagonal, of 16-bit Grams of side
+// <= 128 (FusedKernel::kV4Triangle): three consumer warpgroups.
+template <typename T, int kMode>
+cudaError_t LaunchFusedV4T(const void* maps, const MatrixDesc* mats, const FusedJobV2* jobs,
+                           int num_jobs, bool triangle, double* g2, double* trace,
+                           float* maxabs, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (triangle) return cudaErrorInvalidValue;
+    return LaunchFusedV4Shape<T, kMode, false>(maps, mats, jobs, num_jobs, g2, trace, maxabs,
+                                               stream);
+  } else {
+    return triangle ? LaunchFusedV4Shape<T, kMode, true>(maps, mats, jobs, num_jobs, g2, trace,
+                                                         maxabs, stream)
+                    : LaunchFusedV4Shape<T, kMode, false>(maps, mats, jobs, num_jobs, g2,
+                                                          trace, maxabs, stream);
+  }
 }
 
 template <int kMode>
 cudaError_t LaunchFusedV4Dispatch(DType dtype, const void* maps, const MatrixDesc* mats,
-                                  const FusedJobV2* jobs, int num_jobs, double* g2,
-                                  double* trace, float* maxabs, cudaStream_t stream) {
+                                  const FusedJobV2* jobs, int num_jobs, bool triangle,
+                                  double* g2, double* trace, float* maxabs,
+                                  cudaStream_t stream) {
   switch (dtype) {
     case DType::kBF16:
-      return LaunchFusedV4T<__nv_bfloat16, kMode>(maps, mats, jobs, num_jobs, g2, trace,
-                                                    maxabs, stream);
+      return LaunchFusedV4T<__nv_bfloat16, kMode>(maps, mats, jobs, num_jobs, triangle, g2,
+                                                  trace, maxabs, stream);
     case DType::kF16:
-      return LaunchFusedV4T<__half, kMode>(maps, mats, jobs, num_jobs, g2, trace, maxabs,
-                                             stream);
+      return LaunchFusedV4T<__half, kMode>(maps, mats, jobs, num_jobs, triangle, g2, trace,
+                                           maxabs, stream);
     case DType::kF32:
-      return LaunchFusedV4T<float, kMode>(maps, mats, jobs, num_jobs, g2, trace, maxabs,
-                                            stream);
+      return LaunchFusedV4T<float, kMode>(maps, mats, jobs, num_jobs, triangle, g2, trace,
+                                          maxabs, stream);
   }
   return cudaErrorInvalidValue;
 }

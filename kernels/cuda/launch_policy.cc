@@ -11,7 +11,8 @@ bool FusedV4Runs(int sm_major, int sm_minor) { return sm_major == 9 && sm_minor 
 std::string KernelVersion(int sm_major, int sm_minor) {
   if (FusedV4Runs(sm_major, sm_minor)) {
     return absl::StrCat("cuda-fused-v4/sm", sm_major, sm_minor, "/", kFusedPolicyV4Sm90.name,
-                        "+", kFusedPolicyV3Sm90.name, "+tall:", kFusedPolicySm90.name);
+                        "+", kFusedPolicyV4TriangleSm90.name, "+", kFusedPolicyV3Sm90.name,
+                        "+tall:", kFusedPolicySm90.name);
   }
   return absl::StrCat("cuda-fused-v3/sm", sm_major, sm_minor, "/",
                       kFusedPolicyV3Sm90.name, "+tall:", kFusedPolicySm90.name);
@@ -20,14 +21,16 @@ std::string KernelVersion(int sm_major, int sm_minor) {
 FusedKernel ChooseFusedKernel(int sm_major, int sm_minor, DType dtype, int64_t rows,
                               int64_t cols, bool aligned) {
   if (rows > cols) return FusedKernel::kV1Tall;
-  const bool v4 = FusedV4Runs(sm_major, sm_minor) && aligned &&
-                  (dtype != DType::kF32 || rows <= kFusedPolicyV4Sm90.block_tile);
-  return v4 ? FusedKernel::kV4 : FusedKernel::kV3;
+  const bool small = rows <= kFusedPolicyV4Sm90.block_tile;
+  const bool v4 = FusedV4Runs(sm_major, sm_minor) && aligned && (dtype != DType::kF32 || small);
+  if (!v4) return FusedKernel::kV3;
+  return small && dtype != DType::kF32 ? FusedKernel::kV4Triangle : FusedKernel::kV4;
 }
 
 const LaunchPolicy& FusedPolicyOf(FusedKernel kernel) {
   switch (kernel) {
     case FusedKernel::kV4: return kFusedPolicyV4Sm90;
+    case FusedKernel::kV4Triangle: return kFusedPolicyV4TriangleSm90;
     case FusedKernel::kV3: return kFusedPolicyV3Sm90;
     case FusedKernel::kV1Tall: break;
   }

@@ -144,6 +144,17 @@ inline constexpr LaunchPolicy kFusedPolicyV3Sm90{
 inline constexpr LaunchPolicy kFusedPolicyV4Sm90{
     "fused-v4-tma-wgmma-bt128s6c8w16", 128, 12, 64, 128, 6, 2, 128, 1, 6, 4, 4, 8, 16};
 
+// v4 for 16-bit Grams of side <= 128 (one diagonal job per matrix): the
+// same ring and producer, and three consumer warpgroups, one per 64 x 64
+// block (0,0), (0,1), (1,1) of the symmetric square (wgmma m64n64, (0,1)
+// counted twice): 3/4 of the square's tensor-core work. Why: the H200
+// runs these kernels at its 700 W power cap (SM clock 1980 -> ~1550 MHz
+// after ~0.1 s of back-to-back launches, run s6-1), so work the result
+// does not need costs time. 512 threads; setmaxnreg 56 / 152 (two m64n64
+// accumulator sets and the sums). Measurements: NOTES.md, session 6.
+inline constexpr LaunchPolicy kFusedPolicyV4TriangleSm90{
+    "fused-v4-triangle-tma-wgmma-3x64s6c4", 128, 16, 64, 128, 6, 0, 128, 1, 6, 4};
+
 // The kernel version string, e.g.
 // "cuda-fused-v4/sm90/fused-v4-...+fused-v3-...+tall:fused-v1-...": the
 // policies that serve wide and tall matrices on that device (v4 on 9.0 only).
@@ -153,14 +164,19 @@ std::string KernelVersion(int sm_major, int sm_minor);
 bool FusedV4Runs(int sm_major, int sm_minor);
 
 // The fused kernels, in the order a launch groups them.
-enum class FusedKernel { kV4 = 0, kV3 = 1, kV1Tall = 2 };
+enum class FusedKernel { kV4 = 0, kV4Triangle = 1, kV3 = 2, kV1Tall = 3 };
+
+// Whether `kernel` is one of v4's (TMA tensor maps, LaunchFusedV4).
+inline bool IsFusedV4(FusedKernel kernel) {
+  return kernel == FusedKernel::kV4 || kernel == FusedKernel::kV4Triangle;
+}
 
 // Which fused kernel serves a rows x cols matrix of `dtype` on a device of
 // compute capability sm_major.sm_minor; `aligned`: its data and rows start
 // on 16-byte boundaries (what TMA needs). Tall matrices: v1. Wide: v4 where
 // it runs, for aligned rows, f32 only up to a Gram side of 128 (diagonal
-// jobs); else v3. Depends on nothing else: a matrix gets the same bits in
-// every call.
+// jobs), 16-bit up to 128 as v4's triangle; else v3. Depends on nothing
+// else: a matrix gets the same bits in every call.
 FusedKernel ChooseFusedKernel(int sm_major, int sm_minor, DType dtype, int64_t rows,
                               int64_t cols, bool aligned);
 

@@ -115,6 +115,7 @@ TEST(LaunchPolicy, VersionNamesTheKernel) {
   const std::string v = KernelVersion(9, 0);
   EXPECT_NE(v.find("cuda-fused-v4/sm90"), std::string::npos) << v;
   EXPECT_NE(v.find(kFusedPolicyV4Sm90.name), std::string::npos) << v;
+  EXPECT_NE(v.find(kFusedPolicyV4TriangleSm90.name), std::string::npos) << v;
   EXPECT_NE(v.find(kFusedPolicyV3Sm90.name), std::string::npos) << v;
   EXPECT_NE(v.find(kFusedPolicySm90.name), std::string::npos) << v;
   // v4 is sm_90a code: other devices get v3.
@@ -131,7 +132,9 @@ TEST(LaunchPolicy, ChooseFusedKernel) {
   using K = FusedKernel;
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
     EXPECT_EQ(ChooseFusedKernel(9, 0, dt, 4096, 128, true), K::kV1Tall);
-    EXPECT_EQ(ChooseFusedKernel(9, 0, dt, 128, 4096, true), K::kV4);
+    // 16-bit Grams of side <= 128: v4's triangle.
+    EXPECT_EQ(ChooseFusedKernel(9, 0, dt, 128, 4096, true),
+              dt == DType::kF32 ? K::kV4 : K::kV4Triangle);
     EXPECT_EQ(ChooseFusedKernel(9, 0, dt, 128, 4096, false), K::kV3);  // TMA needs alignment
     EXPECT_EQ(ChooseFusedKernel(8, 0, dt, 128, 4096, true), K::kV3);   // no sm_90a code
     EXPECT_EQ(ChooseFusedKernel(10, 0, dt, 128, 4096, true), K::kV3);
@@ -139,7 +142,12 @@ TEST(LaunchPolicy, ChooseFusedKernel) {
   // f32 on v4: diagonal jobs only, so Gram sides up to 128.
   EXPECT_EQ(ChooseFusedKernel(9, 0, DType::kF32, 129, 4096, true), K::kV3);
   EXPECT_EQ(ChooseFusedKernel(9, 0, DType::kBF16, 1024, 4096, true), K::kV4);
+  EXPECT_EQ(ChooseFusedKernel(9, 0, DType::kBF16, 129, 4096, true), K::kV4);
+  EXPECT_EQ(ChooseFusedKernel(9, 0, DType::kF16, 1, 512, true), K::kV4Triangle);
   EXPECT_STREQ(FusedPolicyOf(K::kV4).name, kFusedPolicyV4Sm90.name);
+  EXPECT_STREQ(FusedPolicyOf(K::kV4Triangle).name, kFusedPolicyV4TriangleSm90.name);
+  EXPECT_TRUE(IsFusedV4(K::kV4) && IsFusedV4(K::kV4Triangle));
+  EXPECT_FALSE(IsFusedV4(K::kV3) || IsFusedV4(K::kV1Tall));
   EXPECT_STREQ(FusedPolicyOf(K::kV3).name, kFusedPolicyV3Sm90.name);
   EXPECT_STREQ(FusedPolicyOf(K::kV1Tall).name, kFusedPolicySm90.name);
 }

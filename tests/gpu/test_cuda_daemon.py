@@ -67,14 +67,17 @@ def test_daemon_serves_with_the_cuda_module(tmp_path, backend):
             f"http://{d.metrics_address}/metrics", timeout=5).read().decode()
         assert 'rvd_measurements_total{backend="cuda",model_id="gpu",variant="fused"} 2' in metrics
         # The fused kernel that served: on sm_90 v4 takes these aligned bf16
-        # matrices, 2 fused measurements x (8 layers + 32 heads).
+        # matrices, 2 fused measurements x (8 layers + 32 heads): the layers
+        # (Gram side > 128) on its square kernel, the 64-row heads on its
+        # triangle.
         served = {l.split('path="')[1].split('"')[0]: float(l.split()[-1])
                   for l in metrics.splitlines()
                   if l.startswith('rvd_engine_matrices_total{backend="cuda"')}
         fused = {p: n for p, n in served.items() if p.startswith("fused/")}
         assert sum(fused.values()) == 80, served
         if "sm90" in out["engine_version"]:
-            assert fused.get("fused/fused-v4-tma-wgmma-bt128s6c8w16") == 80, served
+            assert fused.get("fused/fused-v4-tma-wgmma-bt128s6c8w16") == 16, served
+            assert fused.get("fused/fused-v4-triangle-tma-wgmma-3x64s6c4") == 64, served
         assert "served_total=" in d.log_text()
         assert 'backend="cuda"' in next(l for l in metrics.splitlines()
                                         if l.startswith("rvd_build_info"))
