@@ -927,6 +927,343 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
 #endif  // RVD_FUSED_V4_DEVICE
 }
 
+// f32 converted by the consumers themselves (FusedKernel::kV4F32), for
+// Gram sides <= 128: no converter warpgroups and no converted copy of A.
+// Block: 2 consumer warpgroups and a producer warpgroup (384 threads;
+// setmaxnreg 40 / 232, as 16-bit). The producer streams each slice's f32
+// tile into a ring of F32R::kStages stages as two 128 x 32 boxes in the
+// 128B swizzle (conflict-free float4 reads below). Per slice each consumer
+// thread
+//   1. reads its A fragment's 32 floats (two rows, four k-steps) as eight
+//      float4 and frees the stage;
+//   2. takes its warpgroup's exact scale s_c (64 rows: one scale per
+//      warpgroup and slice, chosen from the slice's largest |w| as
+//      ExactScale: no carried scale, no second pass);
+//   3. converts: hi goes into registers, the A operand of wgmma's register
+//      form; hi and 2 lo go into a B set (hi 16 KB + 2 lo 16 KB, 128B
+//      swizzle) that both warpgroups' wgmma read (each writes its 64
+//      rows);
+//   4. retires the previous slice (its wgmma ran during steps 1-3) into
+//      the sums, unscaled by 1 / (s_c s_h) for column half h;
+//   5. waits for the other warpgroup's half of the set and issues the
+//      slice's 8 wgmma m64n128k16 (hi hi^T + hi (2 lo)^T, as the converter
+//      kernel: ConvertSlices' comment).
+// The k order inside each 16-wide k-step is permuted (a thread's float4 of
+// k 4q .. 4q + 3 fills the fragment's k 2q, 2q + 1, 2q + 8, 2q + 9) the same
+// way for A and B, so the products are the same sums.
+// Why: the converter kernel moves each slice through shared memory four
+// times (TMA write, converter read, hi/lo write, wgmma reads of hi for A
+// twice and B); here A comes from registers (-32 KB of 192 per slice) and
+// the converter <-> consumer handoff is gone.
+struct F32R {
+  static constexpr int kStages = 4;
+  static constexpr int kSets = 2;
+  static constexpr int kStageBytes = kTile * kSliceK * 4;
+  static constexpr int kBoxBytes = kStageBytes / 2;  // 128 rows x 32 floats
+  static constexpr int kSetBytes = 2 * kHalfTileBytes;
+  static constexpr int kSetOffset = kStages * kStageBytes;
+  static constexpr int kFullOffset = kSetOffset + kSets * kSetBytes;
+  static constexpr int kEmptyOffset = kFullOffset + 8 * kStages;
+  static constexpr int kSetFullOffset = kEmptyOffset + 8 * kStages;
+  static constexpr int kSetEmptyOffset = kSetFullOffset + 8 * kSets;
+  static constexpr int kExpOffset = kSetEmptyOffset + 8 * kSets;  // int [set][warpgroup]
+  static constexpr int kMaxOffset = kExpOffset + 4 * kSets * 2;  // u32 [wg][parity][warp]
+  static constexpr int kReduceOffset = kMaxOffset + 4 * 2 * 2 * 4;  // 8-aligned
+  static constexpr int kSmemBytes = 1024 + kReduceOffset + 2 * 8 * 24;
+  static constexpr int kThreads = 384;
+  static constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+  static_assert(2 * (kConsumerRegisters - 65536 / kThreads / 8 * 8) ==
+                    65536 / kThreads / 8 * 8 - kProducerRegisters,
+                "register budget");
+  static_assert(kReduceOffset % 8 == 0);
+};
+
+#ifdef RVD_FUSED_V4_DEVICE
+
+// 2^(254 - e1 - e2) = 1 / (s1 s2) for scales s = 2^(e - 127) with e in [64,
+// 254] (ExactScale): normal, subnormal or 0, from the bits.
+__device__ __forceinline__ float InverseOfScales(int e1, int e2) {
+  const int p = 254 - e1 - e2;
+  const uint32_t bits = p >= -126 ? static_cast<uint32_t>(p + 127) << 23
+                                  : (p >= -149 ? 1u << (p + 149) : 0u);
+  return __uint_as_float(bits);
+}
+
+// d (+)= A (64 x 16 from registers: a0 rows g, k 2q..; a1 rows g + 8; a2,
+// a3 the same at k + 8) * B^T (128 x 16, K-major, shared memory). f16.
+template <bool kFirst>
+__device__ __forceinline__ void WgmmaRegA(float (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2,
+                                          uint32_t a3, uint64_t b) {
+#define RVD_V4_D64_RS                                                             \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
+  "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, "   \
+  "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "   \
+  "%62, %63}"
+#define RVD_V4_D64_RS_ARGS(c)                                                               \
+  c(d[0]), c(d[1]), c(d[2]), c(d[3]), c(d[4]), c(d[5]), c(d[6]), c(d[7]), c(d[8]), c(d[9]), \
+      c(d[10]), c(d[11]), c(d[12]), c(d[13]), c(d[14]), c(d[15]), c(d[16]), c(d[17]),       \
+      c(d[18]), c(d[19]), c(d[20]), c(d[21]), c(d[22]), c(d[23]), c(d[24]), c(d[25]),       \
+      c(d[26]), c(d[27]), c(d[28]), c(d[29]), c(d[30]), c(d[31]), c(d[32]), c(d[33]),       \
+      c(d[34]), c(d[35]), c(d[36]), c(d[37]), c(d[38]), c(d[39]), c(d[40]), c(d[41]),       \
+      c(d[42]), c(d[43]), c(d[44]), c(d[45]), c(d[46]), c(d[47]), c(d[48]), c(d[49]),       \
+      c(d[50]), c(d[51]), c(d[52]), c(d[53]), c(d[54]), c(d[55]), c(d[56]), c(d[57]),       \
+      c(d[58]), c(d[59]), c(d[60]), c(d[61]), c(d[62]), c(d[63])
+  if constexpr (kFirst) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, 0, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " RVD_V4_D64_RS
+                 ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}"
+                 : RVD_V4_D64_RS_ARGS("=f")
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
+  } else {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " RVD_V4_D64_RS
+                 ", {%64, %65, %66, %67}, %68, 1, 1, 1, 0;"
+                 : RVD_V4_D64_RS_ARGS("+f")
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
+  }
+#undef RVD_V4_D64_RS
+#undef RVD_V4_D64_RS_ARGS
+}
+
+// Keeps the A registers of a wgmma in flight alive (and unchanged) up to
+// this point: wgmma reads them asynchronously, which the compiler cannot
+// see.
+__device__ __forceinline__ void FenceFragments(uint32_t (&a)[16]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) asm volatile("" : "+r"(a[i])::"memory");
+}
+
+// One f32 slice's float4 (row, k-step kk, lane quarter q: floats 16 kk +
+// 4 q .. + 3) in the stage: two 128 x 32 boxes, rows of 128 bytes whose
+// 16-byte chunks are swizzled with row % 8.
+__device__ __forceinline__ float4 StageFloat4(const unsigned char* stage, int row, int kk, int q) {
+  const int chunk = 4 * (kk % 2) + q;
+  return *reinterpret_cast<const float4*>(stage + (kk / 2) * F32R::kBoxBytes + row * 128 +
+                                          ((chunk ^ (row % 8)) << 4));
+}
+
+// Writes two f16 pairs of `row` at the B set's fragment k-positions 16 kk +
+// 2q (.. + 1) and 16 kk + 8 + 2q (.. + 1): 16-byte chunks 2 kk and 2 kk + 1,
+// swizzled.
+__device__ __forceinline__ void StorePairs(uint32_t set, int row, int kk, int q, uint32_t p01,
+                                           uint32_t p23) {
+  const uint32_t base = set + row * 128 + 4 * q;
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(base + (((2 * kk) ^ (row % 8)) << 4)), "r"(p01)
+               : "memory");
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(base + (((2 * kk + 1) ^ (row % 8)) << 4)),
+               "r"(p23)
+               : "memory");
+}
+
+// hi and 2 lo of v at `scale` (ConvertFloat4's arithmetic), packed: hi01,
+// hi23, lo01, lo23.
+__device__ __forceinline__ uint4 SplitFloat4(float4 v, float scale) {
+  const float x[4] = {v.x * scale, v.y * scale, v.z * scale, v.w * scale};
+  const __half2 h01 = __floats2half2_rn(x[0], x[1]), h23 = __floats2half2_rn(x[2], x[3]);
+  const float2 b01 = __half22float2(h01), b23 = __half22float2(h23);
+  __half2 l01 = __floats2half2_rn(x[0] - b01.x, x[1] - b01.y);
+  __half2 l23 = __floats2half2_rn(x[2] - b23.x, x[3] - b23.y);
+  l01 = __hadd2(l01, l01);
+  l23 = __hadd2(l23, l23);
+  auto bits = [](__half2 h) { return *reinterpret_cast<uint32_t*>(&h); };
+  return {bits(h01), bits(h23), bits(l01), bits(l23)};
+}
+
+// The producer thread (f32, FusedV4F32Kernel): each slice as two boxes.
+__device__ __forceinline__ void ProduceF32Slices(const CUtensorMap* maps, const MatrixDesc* mats,
+                                                 const FusedJobV2* jobs, int num_jobs,
+                                                 uint32_t tiles, uint32_t full0,
+                                                 uint32_t empty0) {
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int j = blockIdx.x; j < num_jobs; j += gridDim.x) {
+    const FusedJobV2 job = jobs[j];
+    const CUtensorMap* map = maps + job.matrix;
+    AcquireTensorMap(map);
+    const int slices = (mats[job.matrix].cols + kSliceK - 1) / kSliceK;
+    for (int k = 0; k < slices; ++k) {
+      MbarWait(empty0 + 8 * stage, phase ^ 1);
+      const uint32_t full = full0 + 8 * stage, a = tiles + stage * F32R::kStageBytes;
+      MbarArriveExpectTx(full, F32R::kStageBytes);
+      TmaLoadTile(a, map, k * kSliceK, job.row0, full);
+      TmaLoadTile(a + F32R::kBoxBytes, map, k * kSliceK + kSliceK / 2, job.row0, full);
+      if (++stage == F32R::kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+  }
+}
+
+#endif  // RVD_FUSED_V4_DEVICE
+
+template <int kMode>
+__global__ void __launch_bounds__(F32R::kThreads, 1)
+    FusedV4F32Kernel(const CUtensorMap* maps, const MatrixDesc* mats, const FusedJobV2* jobs,
+                     int num_jobs, double* g2, double* trace, float* maxabs) {
+#ifdef RVD_FUSED_V4_DEVICE
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = SmemAddr(smem_raw);
+  const uint32_t tiles = (raw + 1023) & ~1023u;
+  unsigned char* const base = smem_raw + (tiles - raw);
+  const uint32_t full0 = tiles + F32R::kFullOffset, empty0 = tiles + F32R::kEmptyOffset;
+  const uint32_t set_full0 = tiles + F32R::kSetFullOffset;
+  const uint32_t set_empty0 = tiles + F32R::kSetEmptyOffset;
+  int* const exps = reinterpret_cast<int*>(base + F32R::kExpOffset);
+  uint32_t* const max_slots = reinterpret_cast<uint32_t*>(base + F32R::kMaxOffset);
+  double* const red = reinterpret_cast<double*>(base + F32R::kReduceOffset);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < F32R::kStages; ++s) {
+      MbarInit(full0 + 8 * s, 1);
+      MbarInit(empty0 + 8 * s, 8);
+    }
+    for (int s = 0; s < F32R::kSets; ++s) {
+      MbarInit(set_full0 + 8 * s, 8);
+      MbarInit(set_empty0 + 8 * s, 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (warp >= 8) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(F32R::kProducerRegisters));
+    if (warp == 8 && lane == 0) ProduceF32Slices(maps, mats, jobs, num_jobs, tiles, full0, empty0);
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(F32R::kConsumerRegisters));
+
+  const int c = warp / 4, g = lane / 4, q = lane % 4;
+  const int r0 = 64 * c + 16 * (warp % 4) + g, r1 = r0 + 8;  // this thread's A rows
+  int n = 0;       // the block's slice count so far
+  int parity = 0;  // which set of epilogue partials
+  uint32_t a_even[16], a_odd[16];
+  float acc[64];
+  for (int j = blockIdx.x; j < num_jobs; j += gridDim.x) {
+    const FusedJobV2 job = jobs[j];
+    const int cols = mats[job.matrix].cols;
+    const int slices = (cols + kSliceK - 1) / kSliceK;
+    float sum[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) sum[i] = 0.0f;
+    float inv_lo = 1.0f, inv_hi = 1.0f;  // the issued slice's 1 / (s_c s_h)
+    int issued_set = 0;
+    // The issued slice's products into the sums, and its set handed back.
+    auto retire = [&](uint32_t (&a)[16]) {
+      WgmmaWait<0>();
+      FenceAccumulators(acc);
+      FenceFragments(a);
+      if (lane == 0) MbarArrive(set_empty0 + 8 * issued_set);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) sum[i] = __fmaf_rn(acc[i], i < 32 ? inv_lo : inv_hi, sum[i]);
+    };
+    // Slice k (the block's n-th): converted into `a` and a set, the slice
+    // before retired (its fragments in `prev`), then issued.
+    auto slice = [&](uint32_t (&a)[16], uint32_t (&prev)[16], int k) {
+      const int stage = n % F32R::kStages, set = n % F32R::kSets;
+      MbarWait(full0 + 8 * stage, (n / F32R::kStages) & 1);
+      const unsigned char* src = base + stage * F32R::kStageBytes;
+      float4 v[4], u[4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        v[kk] = StageFloat4(src, r0, kk, q);
+        u[kk] = StageFloat4(src, r1, kk, q);
+      }
+      float mx = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) mx = fmaxf(mx, fmaxf(MaxAbs(v[kk]), MaxAbs(u[kk])));
+      uint32_t* const slots = max_slots + 4 * (2 * c + (n & 1));
+      const uint32_t bits = __reduce_max_sync(0xffffffffu, __float_as_uint(mx));
+      if (lane == 0) {
+        slots[warp % 4] = bits;
+        MbarArrive(empty0 + 8 * stage);  // this warp's floats are in registers
+      }
+      asm volatile("bar.sync %0, 128;" ::"r"(2 + c) : "memory");
+      uint32_t wg_max = slots[0];
+#pragma unroll
+      for (int w = 1; w < 4; ++w) wg_max = max(wg_max, slots[w]);
+      int e = 268 - static_cast<int>(wg_max >> 23);
+      e = e < 64 ? 64 : (e > 254 ? 254 : e);
+      const float scale = __uint_as_float(static_cast<uint32_t>(e) << 23);
+      MbarWait(set_empty0 + 8 * set, ((n / F32R::kSets) & 1) ^ 1);
+      const uint32_t hi = tiles + F32R::kSetOffset + set * F32R::kSetBytes;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint4 sv = SplitFloat4(v[kk], scale), su = SplitFloat4(u[kk], scale);
+        a[4 * kk + 0] = sv.x;  // row g, k 2q
+        a[4 * kk + 1] = su.x;  // row g + 8
+        // (The mutant's last k-step repeats k 2q in A's k 2q + 8: one wrong
+        // index, a wrong but plausible Gram.)
+        a[4 * kk + 2] = kMode == kMutant && kk == 3 ? sv.x : sv.y;  // row g, k 2q + 8
+        a[4 * kk + 3] = su.y;
+        StorePairs(hi, r0, kk, q, sv.x, sv.y);
+        StorePairs(hi, r1, kk, q, su.x, su.y);
+        StorePairs(hi + kHalfTileBytes, r0, kk, q, sv.z, sv.w);
+        StorePairs(hi + kHalfTileBytes, r1, kk, q, su.z, su.w);
+      }
+      if (threadIdx.x % 128 == 0) exps[2 * set + c] = e;
+      // The tensor cores read the set through the async proxy.
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      __syncwarp();
+      if (lane == 0) MbarArrive(set_full0 + 8 * set);
+      if (k > 0) retire(prev);
+      MbarWait(set_full0 + 8 * set, (n / F32R::kSets) & 1);
+      inv_lo = InverseOfScales(e, exps[2 * set]);
+      inv_hi = InverseOfScales(e, exps[2 * set + 1]);
+      issued_set = set;
+      FenceAccumulators(acc);
+      WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < kSliceK / 16; ++kk) {
+        const uint64_t bh = SwizzledDesc(hi + 32 * kk);
+        const uint64_t bl = SwizzledDesc(hi + kHalfTileBytes + 32 * kk);
+        if (kk == 0) {
+          WgmmaRegA<true>(acc, a[0], a[1], a[2], a[3], bh);
+        } else {
+          WgmmaRegA<false>(acc, a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3], bh);
+        }
+        WgmmaRegA<false>(acc, a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3], bl);
+      }
+      WgmmaCommit();
+      ++n;
+    };
+    for (int k = 0; k < slices; ++k) {
+      if (n & 1) {
+        slice(a_odd, a_even, k);
+      } else {
+        slice(a_even, a_odd, k);
+      }
+    }
+    if (n & 1) {
+      retire(a_even);
+    } else {
+      retire(a_odd);
+    }
+    ReduceJob<2>(sum, job.diagonal != 0, 64 * c, 0, 1.0, cols, j, red, parity, g2, trace,
+                 maxabs);
+    parity ^= 1;
+  }
+#endif  // RVD_FUSED_V4_DEVICE
+}
+
+template <int kMode>
+cudaError_t LaunchFusedV4F32(const void* maps, const MatrixDesc* mats, const FusedJobV2* jobs,
+                             int num_jobs, double* g2, double* trace, float* maxabs,
+                             cudaStream_t stream) {
+  if (num_jobs <= 0) return cudaSuccess;
+  auto* kernel = FusedV4F32Kernel<kMode>;
+  constexpr int smem = F32R::kSmemBytes;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  int device = 0, sms = 0;
+  e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) return e;
+  const int grid = num_jobs < sms ? num_jobs : sms;
+  kernel<<<grid, F32R::kThreads, smem, stream>>>(static_cast<const CUtensorMap*>(maps), mats, jobs,
+                                                 num_jobs, g2, trace, maxabs);
+  return cudaGetLastError();
+}
+
 template <typename T, int kMode, bool kTriangle>
 cudaError_t LaunchFusedV4Shape(const void* maps, const MatrixDesc* mats, const FusedJobV2* jobs,
                                int num_jobs, double* g2, double* trace, float* maxabs,
