@@ -275,8 +275,7 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
   if (IsFusedV4(kernel)) {
     std::vector<uint8_t> maps(views.size() * kTensorMapBytes);
     for (size_t i = 0; i < views.size(); ++i) {
-      BENCH_CHECK(EncodeFusedV4Map(views[i].dtype, descs[i], kernel,
-                                   maps.data() + i * kTensorMapBytes));
+      BENCH_CHECK(EncodeFusedV4Map(views[i].dtype, descs[i], maps.data() + i * kTensorMapBytes));
     }
     BENCH_CHECK(cudaMemcpy(f->maps, maps.data(), maps.size(), cudaMemcpyHostToDevice));
   }
@@ -294,9 +293,8 @@ cudaError_t RunPrepared(const FusedPrepared& f, cudaStream_t s) {
       break;
     case FusedKernel::kV4:
     case FusedKernel::kV4Triangle:
-    case FusedKernel::kV4F32:
-      e = LaunchFusedV4(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs, f.kernel, f.g2, f.tr, f.mx,
-                        s);
+      e = LaunchFusedV4(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs,
+                        f.kernel == FusedKernel::kV4Triangle, f.g2, f.tr, f.mx, s);
       break;
   }
   if (e != cudaSuccess) return e;
@@ -394,7 +392,6 @@ constexpr Contender kContenders[] = {
     {"v3", FusedKernel::kV3, fused_v4::kLive, true},
     {"v4", FusedKernel::kV4, fused_v4::kLive, true},
     {"v4-tri", FusedKernel::kV4Triangle, fused_v4::kLive, true},
-    {"v4-f32", FusedKernel::kV4F32, fused_v4::kLive, true},
 #ifdef RVD_V4_PREV
     {"v4-prev", FusedKernel::kV4, fused_v4::kLive, true, true},
 #endif
@@ -418,8 +415,8 @@ cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_
 #endif
   if (v.v4_mode == fused_v4::kLive) return RunPrepared(f, s);
   const cudaError_t e =
-      LaunchFusedV4Probe(v.v4_mode, f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs, f.kernel, f.g2,
-                         f.tr, f.mx, s);
+      LaunchFusedV4Probe(v.v4_mode, f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs,
+                         f.kernel == FusedKernel::kV4Triangle, f.g2, f.tr, f.mx, s);
   if (e != cudaSuccess) return e;
   return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
 }
@@ -436,7 +433,6 @@ bool Applies(const Contender& v, DType dt, int64_t rows, int64_t cols) {
   // "v4-tri" where the engine would run it; the others (v4's square kernel)
   // wherever v4 would run, the triangle's matrices included.
   const FusedKernel chosen = ChooseFusedKernel(9, 0, dt, rows, cols, /*aligned=*/true);
-  if (v.kernel == FusedKernel::kV4F32) return f32 && IsFusedV4(chosen);
   return v.kernel == FusedKernel::kV4Triangle ? chosen == v.kernel : IsFusedV4(chosen);
 }
 
@@ -687,10 +683,10 @@ int Sustain(cudaStream_t stream, nlohmann::json* out) {
     std::vector<std::string> contenders;  // kContenders' names
   };
   const std::vector<Run> runs = {
-      {{480, 128, 4096, DType::kF32, "sustain"}, {"v4-f32", "v4", "v4-f32", "v4"}},
-      {{480, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri", "v4"}},
-      {{256, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri", "v4"}},
-      {{32, 1024, 4096, DType::kBF16, "sustain"}, {"v4"}}};
+      {{480, 128, 4096, DType::kF32, "sustain"}, {"v4", "v4-mmaonly", "v4-loadonly"}},
+      {{480, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri", "v4", "v4-tri", "v4"}},
+      {{256, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri", "v4", "v4-tri", "v4"}},
+      {{32, 1024, 4096, DType::kBF16, "sustain"}, {"v4", "v4-b=a", "v4-noload", "v4"}}};
   enum Mode { kQueued, kSynced, kSpaced };
   const char* const kModeNames[] = {"queued", "synced", "spaced"};
   const double kSeconds[] = {1.5, 0.5, 1.0};

@@ -445,7 +445,7 @@ class Runner {
     for (size_t i = 0; any_v4 && i < m; ++i) {
       if (!IsFusedV4(kernel[ctx.order[i]])) continue;
       RVD_CUDA_RETURN_IF_ERROR(EncodeFusedV4Map(
-          views[ctx.order[i]].dtype, descs[i], kernel[ctx.order[i]],
+          views[ctx.order[i]].dtype, descs[i],
           At<unsigned char>(ctx.up.ptr, o_maps) + i * kTensorMapBytes));
     }
     void* w = ctx.work.ptr;
@@ -496,9 +496,9 @@ class Runner {
           break;
         case FusedKernel::kV4:
         case FusedKernel::kV4Triangle:
-        case FusedKernel::kV4F32:
-          RVD_CUDA_RETURN_IF_ERROR(
-              launch4(dt, d_maps, d_desc, d_jobs2 + l0, j1 - j0, k, g2, tr, mx, ctx.stream));
+          RVD_CUDA_RETURN_IF_ERROR(launch4(dt, d_maps, d_desc, d_jobs2 + l0, j1 - j0,
+                                           k == FusedKernel::kV4Triangle, g2, tr, mx,
+                                           ctx.stream));
           break;
       }
       fused_served_[FusedCountKey(FusedPolicyOf(k))] += static_cast<int64_t>(s1 - s0);

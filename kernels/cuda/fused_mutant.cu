@@ -34,14 +34,9 @@ cudaError_t LaunchFusedV2Mutant(DType dtype, const MatrixDesc* mats,
 }
 
 cudaError_t LaunchFusedV4Mutant(DType dtype, const void* maps, const MatrixDesc* mats,
-                                const FusedJobV2* jobs, int num_jobs, FusedKernel kernel,
-                                double* g2, double* trace, float* maxabs, cudaStream_t stream) {
+                                const FusedJobV2* jobs, int num_jobs, bool triangle, double* g2,
+                                double* trace, float* maxabs, cudaStream_t stream) {
   if (dtype == DType::kF16) return cudaErrorNotSupported;  // bf16 and f32 instances
-  const bool triangle = kernel == FusedKernel::kV4Triangle;
-  if (kernel == FusedKernel::kV4F32) {
-    return fused_v4::LaunchFusedV4F32<fused_v4::kMutant>(maps, mats, jobs, num_jobs, g2, trace,
-                                                         maxabs, stream);
-  }
   if (dtype == DType::kF32) {
     return fused_v4::LaunchFusedV4T<float, fused_v4::kMutant>(maps, mats, jobs, num_jobs,
                                                               triangle, g2, trace, maxabs, stream);

@@ -28,52 +28,35 @@ PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 
 }  // namespace
 
-cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, FusedKernel kernel, void* map) {
+cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (encode == nullptr) return cudaErrorNotSupported;
-  const FusedKernel chosen = ChooseFusedKernel(9, 0, dtype, d.rows, d.cols, d.aligned != 0);
-  const bool f32_regs = kernel == FusedKernel::kV4F32;
-  // (The bench also runs v4's square kernel on the triangle's matrices, and
-  // either f32 kernel on f32 ones.)
-  if (!IsFusedV4(chosen) || !IsFusedV4(kernel) ||
-      (kernel == FusedKernel::kV4Triangle && chosen != FusedKernel::kV4Triangle) ||
-      (f32_regs && (dtype != DType::kF32 || d.rows > fused_v4::kTile))) {
+  if (!IsFusedV4(ChooseFusedKernel(9, 0, dtype, d.rows, d.cols, d.aligned != 0))) {
     return cudaErrorInvalidValue;
   }
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(d.cols),
                               static_cast<cuuint64_t>(d.rows)};
   const bool f32 = dtype == DType::kF32;
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(d.ld) * (f32 ? 4 : 2)};
-  // f32 for FusedV4F32Kernel: boxes of 32 floats (128 bytes) per row, two
-  // per slice, in the 128B swizzle (conflict-free float4 reads).
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(f32_regs ? fused_v4::kSliceK / 2
-                                                              : fused_v4::kSliceK),
-                             fused_v4::kTile};
+  const cuuint32_t box[2] = {fused_v4::kSliceK, fused_v4::kTile};
   const cuuint32_t element_strides[2] = {1, 1};
-  // 16-bit tiles land in the 128B-swizzle layout wgmma reads; f32 tiles for
-  // the converter warpgroups plainly (256-byte rows).
+  // 16-bit tiles land in the 128B-swizzle layout wgmma reads; f32 tiles
+  // plainly (256-byte rows), for the consumers to convert.
   const CUtensorMapDataType type = f32                      ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                    : dtype == DType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult r = encode(static_cast<CUtensorMap*>(map), type, 2, const_cast<void*>(d.data),
                             dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            f32 && !f32_regs ? CU_TENSOR_MAP_SWIZZLE_NONE
-                                             : CU_TENSOR_MAP_SWIZZLE_128B,
+                            f32 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 cudaError_t LaunchFusedV4(DType dtype, const void* maps, const MatrixDesc* mats,
-                          const FusedJobV2* jobs, int num_jobs, FusedKernel kernel, double* g2,
+                          const FusedJobV2* jobs, int num_jobs, bool triangle, double* g2,
                           double* trace, float* maxabs, cudaStream_t stream) {
-  if (kernel == FusedKernel::kV4F32) {
-    if (dtype != DType::kF32) return cudaErrorInvalidValue;
-    return fused_v4::LaunchFusedV4F32<fused_v4::kLive>(maps, mats, jobs, num_jobs, g2, trace,
-                                                       maxabs, stream);
-  }
-  return fused_v4::LaunchFusedV4Dispatch<fused_v4::kLive>(
-      dtype, maps, mats, jobs, num_jobs, kernel == FusedKernel::kV4Triangle, g2, trace, maxabs,
-      stream);
+  return fused_v4::LaunchFusedV4Dispatch<fused_v4::kLive>(dtype, maps, mats, jobs, num_jobs,
+                                                          triangle, g2, trace, maxabs, stream);
 }
 
 }  // namespace rvd::cuda

@@ -7,12 +7,10 @@ namespace rvd::cuda {
 
 cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const void* maps,
                                const MatrixDesc* mats, const FusedJobV2* jobs, int num_jobs,
-                               FusedKernel kernel, double* g2, double* trace, float* maxabs,
+                               bool triangle, double* g2, double* trace, float* maxabs,
                                cudaStream_t stream) {
   namespace v4 = fused_v4;
   const bool f32 = dtype == DType::kF32;
-  if (kernel == FusedKernel::kV4F32) return cudaErrorInvalidValue;  // no probes of it
-  const bool triangle = kernel == FusedKernel::kV4Triangle;
   switch (mode) {
 #define RVD_V4_PROBE(m)                                                                  \
   case v4::m:                                                                            \

@@ -31,7 +31,6 @@ const LaunchPolicy& FusedPolicyOf(FusedKernel kernel) {
   switch (kernel) {
     case FusedKernel::kV4: return kFusedPolicyV4Sm90;
     case FusedKernel::kV4Triangle: return kFusedPolicyV4TriangleSm90;
-    case FusedKernel::kV4F32: return kFusedPolicyV4F32Sm90;
     case FusedKernel::kV3: return kFusedPolicyV3Sm90;
     case FusedKernel::kV1Tall: break;
   }

@@ -152,13 +152,6 @@ inline constexpr LaunchPolicy kFusedPolicyV4Sm90{
 // after ~0.1 s of back-to-back launches, run s6-1), so work the result
 // does not need costs time. 512 threads; setmaxnreg 56 / 152 (two m64n64
 // accumulator sets and the sums). Measurements: NOTES.md, session 6.
-// v4 for f32 Grams of side <= 128 with the conversion in the consumers
-// (fused_v4_kernel.cuh, FusedV4F32Kernel): 4 stages of f32 (two 128 x 32
-// boxes each), 2 sets of hi + 2 lo for B, A from registers (wgmma's register
-// form); 384 threads, setmaxnreg 40 / 232. Measurements: NOTES.md, session 6.
-inline constexpr LaunchPolicy kFusedPolicyV4F32Sm90{
-    "fused-v4-f32-regs-tma-wgmma-bt128s4x2", 128, 12, 64, 128, 4, 2, 128, 1, 4, 4, 4, 0, 12};
-
 inline constexpr LaunchPolicy kFusedPolicyV4TriangleSm90{
     "fused-v4-triangle-tma-wgmma-3x64s6c4", 128, 16, 64, 128, 6, 0, 128, 1, 6, 4};
 
@@ -171,12 +164,11 @@ std::string KernelVersion(int sm_major, int sm_minor);
 bool FusedV4Runs(int sm_major, int sm_minor);
 
 // The fused kernels, in the order a launch groups them.
-enum class FusedKernel { kV4 = 0, kV4Triangle = 1, kV4F32 = 2, kV3 = 3, kV1Tall = 4 };
+enum class FusedKernel { kV4 = 0, kV4Triangle = 1, kV3 = 2, kV1Tall = 3 };
 
 // Whether `kernel` is one of v4's (TMA tensor maps, LaunchFusedV4).
 inline bool IsFusedV4(FusedKernel kernel) {
-  return kernel == FusedKernel::kV4 || kernel == FusedKernel::kV4Triangle ||
-         kernel == FusedKernel::kV4F32;
+  return kernel == FusedKernel::kV4 || kernel == FusedKernel::kV4Triangle;
 }
 
 // Which fused kernel serves a rows x cols matrix of `dtype` on a device of
