@@ -23,7 +23,11 @@
 // Block: 2 consumer warpgroups (warps 0-7), then for 16-bit a producer
 // warpgroup (384 threads; setmaxnreg 40 / 232: two accumulator sets and
 // the sums need ~200), for f32 two converter warpgroups (512 threads;
-// 104 / 152: one accumulator set; see ConvertSlices).
+// 104 / 152: one accumulator set; see ConvertSlices). The triangle
+// (16-bit Grams of side <= 128, Consumers<true>): 3 consumer warpgroups,
+// one 64 x 64 block each, and the producer (512 threads; 56 / 152). At the
+// H200's 700 W power cap, where back-to-back launches run (NOTES.md,
+// session 6), its 3/4 of the tensor work is 3-6% faster.
 //   producer (16-bit): one thread streams each job's K-slices into a
 //     ring of kStages stages with cp.async.bulk.tensor (128B swizzle, the
 //     layout wgmma reads), signalling `full[s]` through the mbarrier's
