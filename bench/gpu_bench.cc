@@ -203,7 +203,6 @@ struct FusedPrepared {
   int32_t* st = nullptr;
   int num_jobs = 0, m = 0;
   bool offdiag = false;
-  bool pairs = false;  // v4's square jobs pair (V4JobsPair): the engine's form for 16-bit
   DType dtype = DType::kF32;
   ~FusedPrepared() { cudaFree(dev); }
 };
@@ -239,9 +238,6 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
     }
     jb.push_back(static_cast<int32_t>(jobs2.size()));
     for (const FusedJobV2& j : jobs2) f->offdiag |= j.diagonal == 0;
-    std::vector<int64_t> cols;
-    for (const MatrixDesc& d : descs) cols.push_back(d.cols);
-    f->pairs = V4JobsPair(jobs2, cols);
   } else {
     EnumerateFusedJobs(sides, kFusedPolicySm90.block_tile, &jobs, &jb);
     for (const FusedJob& j : jobs) f->offdiag |= j.diagonal == 0;
@@ -286,12 +282,6 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
   return 0;
 }
 
-// v4's form as the engine chooses it (cuda_engine.cc).
-V4Form EngineForm(const FusedPrepared& f) {
-  if (f.kernel == FusedKernel::kV4Triangle) return V4Form::kTriangle;
-  return f.pairs && f.dtype != DType::kF32 ? V4Form::kSquarePairs : V4Form::kSquare;
-}
-
 cudaError_t RunPrepared(const FusedPrepared& f, cudaStream_t s) {
   cudaError_t e = cudaErrorInvalidValue;
   switch (f.kernel) {
@@ -303,8 +293,8 @@ cudaError_t RunPrepared(const FusedPrepared& f, cudaStream_t s) {
       break;
     case FusedKernel::kV4:
     case FusedKernel::kV4Triangle:
-      e = LaunchFusedV4(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs, EngineForm(f), f.g2, f.tr,
-                        f.mx, s);
+      e = LaunchFusedV4(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs,
+                        f.kernel == FusedKernel::kV4Triangle, f.g2, f.tr, f.mx, s);
       break;
   }
   if (e != cudaSuccess) return e;
@@ -397,13 +387,11 @@ struct Contender {
   fused_v4::Mode v4_mode;  // kLive: the live kernel; else a probe
   bool exact;
   bool prev = false;  // v4 at an earlier revision (scripts/v4_prev.sh)
-  bool pairs = false;  // v4's square in two-CTA pairs (else without)
 };
 constexpr Contender kContenders[] = {
     {"v3", FusedKernel::kV3, fused_v4::kLive, true},
     {"v4", FusedKernel::kV4, fused_v4::kLive, true},
     {"v4-tri", FusedKernel::kV4Triangle, fused_v4::kLive, true},
-    {"v4-pairs", FusedKernel::kV4, fused_v4::kLive, true, false, true},
 #ifdef RVD_V4_PREV
     {"v4-prev", FusedKernel::kV4, fused_v4::kLive, true, true},
 #endif
@@ -425,15 +413,10 @@ cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_
     return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
   }
 #endif
-  if (!IsFusedV4(f.kernel)) return RunPrepared(f, s);
-  const V4Form form = f.kernel == FusedKernel::kV4Triangle
-                          ? V4Form::kTriangle
-                          : (v.pairs ? V4Form::kSquarePairs : V4Form::kSquare);
+  if (v.v4_mode == fused_v4::kLive) return RunPrepared(f, s);
   const cudaError_t e =
-      v.v4_mode == fused_v4::kLive
-          ? LaunchFusedV4(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs, form, f.g2, f.tr, f.mx, s)
-          : LaunchFusedV4Probe(v.v4_mode, f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs, form,
-                               f.g2, f.tr, f.mx, s);
+      LaunchFusedV4Probe(v.v4_mode, f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs,
+                         f.kernel == FusedKernel::kV4Triangle, f.g2, f.tr, f.mx, s);
   if (e != cudaSuccess) return e;
   return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
 }
@@ -450,8 +433,6 @@ bool Applies(const Contender& v, DType dt, int64_t rows, int64_t cols) {
   // "v4-tri" where the engine would run it; the others (v4's square kernel)
   // wherever v4 would run, the triangle's matrices included.
   const FusedKernel chosen = ChooseFusedKernel(9, 0, dt, rows, cols, /*aligned=*/true);
-  // (The bench's batches of these shapes have even job counts: they pair.)
-  if (v.pairs) return chosen == FusedKernel::kV4 && !f32;
   return v.kernel == FusedKernel::kV4Triangle ? chosen == v.kernel : IsFusedV4(chosen);
 }
 
@@ -578,9 +559,6 @@ int AB(cudaStream_t stream, int reps, bool profile, nlohmann::json* out) {
     }
     const std::string label = absl::StrCat(c.batch, " x ", c.rows, "x", c.cols, " ",
                                            DTypeName(c.dtype));
-    if (FusedV4PairClusters() > 0) {
-      std::printf("(v4-pairs ran on %d two-CTA clusters)\n", FusedV4PairClusters());
-    }
     std::printf("%-22s", label.c_str());
     for (int v = 0; v < kV; ++v) {
       if (med[v].empty()) {
@@ -692,9 +670,9 @@ ErrorStats StatsOf(std::vector<double> err) {
 // bench/smi_align.py) can be placed against it. 128-row 16-bit cases run
 // v4's triangle and square kernels alternately, two rounds each: an A-B
 // whose blocks are long enough that each kernel runs at its own clock (the
-// --ab rounds are too short for that: the clock is set by their mix); the
-// 1024-row case runs v4's square kernel with and without two-CTA pairs
-// the same way.
+// --ab rounds are too short for that: the clock is set by their mix). The
+// probes (Contender) run once each: what each part of the kernel alone
+// costs at the power cap.
 int Sustain(cudaStream_t stream, nlohmann::json* out) {
   auto wall = [] {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
@@ -705,10 +683,10 @@ int Sustain(cudaStream_t stream, nlohmann::json* out) {
     std::vector<std::string> contenders;  // kContenders' names
   };
   const std::vector<Run> runs = {
-      {{480, 128, 4096, DType::kF32, "sustain"}, {"v4"}},
-      {{480, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri"}},
-      {{256, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri"}},
-      {{32, 1024, 4096, DType::kBF16, "sustain"}, {"v4-pairs", "v4", "v4-pairs", "v4"}}};
+      {{480, 128, 4096, DType::kF32, "sustain"}, {"v4", "v4-mmaonly", "v4-loadonly"}},
+      {{480, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri", "v4", "v4-tri", "v4"}},
+      {{256, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri", "v4", "v4-tri", "v4"}},
+      {{32, 1024, 4096, DType::kBF16, "sustain"}, {"v4", "v4-b=a", "v4-noload", "v4"}}};
   enum Mode { kQueued, kSynced, kSpaced };
   const char* const kModeNames[] = {"queued", "synced", "spaced"};
   const double kSeconds[] = {1.5, 0.5, 1.0};

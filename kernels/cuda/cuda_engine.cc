@@ -468,8 +468,6 @@ class Runner {
       launch4 = g_fused_v4_mutant_launcher;
     }
     // One launch per run of matrices with the same (dtype, kernel).
-    std::vector<int64_t> cols(m);  // by job.matrix, for V4JobsPair
-    for (size_t s = 0; s < m; ++s) cols[s] = descs[s].cols;
     size_t s0 = 0;
     while (s0 < m) {
       const DType dt = views[ctx.order[s0]].dtype;
@@ -487,7 +485,6 @@ class Runner {
                                                         : jobs2_[l0 + j].diagonal;
         offdiag |= !diagonal;
       }
-      std::string served = FusedCountKey(FusedPolicyOf(k));
       switch (k) {
         case FusedKernel::kV1Tall:
           RVD_CUDA_RETURN_IF_ERROR(
@@ -498,21 +495,13 @@ class Runner {
               launch2(dt, d_desc, d_jobs2 + l0, j1 - j0, offdiag, g2, tr, mx, ctx.stream));
           break;
         case FusedKernel::kV4:
-        case FusedKernel::kV4Triangle: {
-          // 16-bit square jobs in two-CTA pairs sharing row tiles where they
-          // pair: the same bits, fewer copies; counted as their own version.
-          V4Form form = k == FusedKernel::kV4Triangle ? V4Form::kTriangle : V4Form::kSquare;
-          if (form == V4Form::kSquare && dt != DType::kF32 &&
-              V4JobsPair(absl::MakeConstSpan(jobs2_).subspan(l0, j1 - j0), cols)) {
-            form = V4Form::kSquarePairs;
-            absl::StrAppend(&served, "+pairs");
-          }
-          RVD_CUDA_RETURN_IF_ERROR(
-              launch4(dt, d_maps, d_desc, d_jobs2 + l0, j1 - j0, form, g2, tr, mx, ctx.stream));
+        case FusedKernel::kV4Triangle:
+          RVD_CUDA_RETURN_IF_ERROR(launch4(dt, d_maps, d_desc, d_jobs2 + l0, j1 - j0,
+                                           k == FusedKernel::kV4Triangle, g2, tr, mx,
+                                           ctx.stream));
           break;
-        }
       }
-      fused_served_[served] += static_cast<int64_t>(s1 - s0);
+      fused_served_[FusedCountKey(FusedPolicyOf(k))] += static_cast<int64_t>(s1 - s0);
       s0 = s1;
     }
     RVD_CUDA_RETURN_IF_ERROR(LaunchFinalize(

@@ -52,13 +52,11 @@ cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map) {
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-int FusedV4PairClusters() { return fused_v4::g_fused_v4_pair_clusters; }
-
 cudaError_t LaunchFusedV4(DType dtype, const void* maps, const MatrixDesc* mats,
-                          const FusedJobV2* jobs, int num_jobs, V4Form form, double* g2,
+                          const FusedJobV2* jobs, int num_jobs, bool triangle, double* g2,
                           double* trace, float* maxabs, cudaStream_t stream) {
   return fused_v4::LaunchFusedV4Dispatch<fused_v4::kLive>(dtype, maps, mats, jobs, num_jobs,
-                                                          form, g2, trace, maxabs, stream);
+                                                          triangle, g2, trace, maxabs, stream);
 }
 
 }  // namespace rvd::cuda

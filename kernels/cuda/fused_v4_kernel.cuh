@@ -230,32 +230,6 @@ __device__ __forceinline__ void TmaLoadTile(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-// TmaLoadTile into the same shared-memory offset of both CTAs of a
-// two-CTA cluster, each signalling its own mbarrier at `bar`'s offset.
-__device__ __forceinline__ void TmaLoadTileToPair(uint32_t dst, const CUtensorMap* map, int c0,
-                                                  int c1, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(uint16_t{3})
-      : "memory");
-}
-
-// Arrives on the mbarrier at `bar`'s offset in the other CTA of a two-CTA
-// cluster.
-__device__ __forceinline__ void MbarArrivePeer(uint32_t bar) {
-  asm volatile(
-      "{\n .reg .b32 peer, remote;\n mov.u32 peer, %%cluster_ctarank;\n xor.b32 peer, peer, 1;\n"
-      " mapa.shared::cluster.u32 remote, %0, peer;\n"
-      " mbarrier.arrive.shared::cluster.b64 _, [remote];\n}" ::"r"(bar)
-      : "memory");
-}
-
-// Every thread of the cluster, wherever it is in the kernel.
-__device__ __forceinline__ void ClusterSync() {
-  asm volatile("barrier.cluster.arrive.release;\n barrier.cluster.wait.acquire;" ::: "memory");
-}
-
 // The maps were written by a host-to-device copy (generic proxy); the copy
 // engine reads them through the tensormap proxy.
 __device__ __forceinline__ void AcquireTensorMap(const CUtensorMap* map) {
@@ -389,11 +363,7 @@ __device__ __forceinline__ float WarpMaxKeepNaN(float v) {
 #ifdef RVD_FUSED_V4_DEVICE
 
 // The producer thread: each job's K-slices into the ring, in job order.
-// kPairs (a two-CTA cluster on jobs 2p and 2p + 1, the same slice count):
-// when both jobs have the same row tile, the first CTA copies it into both
-// CTAs (half the row tiles from L2); `empty` counts both CTAs' consumers,
-// so neither CTA's stage is written before both have read it.
-template <typename T, int kMode, bool kPairs>
+template <typename T, int kMode>
 __device__ __forceinline__ void ProduceSlices(const CUtensorMap* maps, const MatrixDesc* mats,
                                               const FusedJobV2* jobs, int num_jobs,
                                               uint32_t tiles, uint32_t full0, uint32_t empty0) {
@@ -406,12 +376,6 @@ __device__ __forceinline__ void ProduceSlices(const CUtensorMap* maps, const Mat
     AcquireTensorMap(map);
     const int slices = (mats[job.matrix].cols + kSliceK - 1) / kSliceK;
     const bool one_tile = job.diagonal != 0 || kMode == kProbeBIsA;
-    bool shared_row = false, first = true;  // kPairs: the row tile, and who copies it
-    if constexpr (kPairs) {
-      const FusedJobV2 other = jobs[j ^ 1];
-      shared_row = other.matrix == job.matrix && other.row0 == job.row0;
-      first = (j & 1) == 0;
-    }
     for (int k = 0; k < slices; ++k) {
       MbarWait(empty0 + 8 * stage, phase ^ 1);
       const uint32_t full = full0 + 8 * stage;
@@ -420,11 +384,7 @@ __device__ __forceinline__ void ProduceSlices(const CUtensorMap* maps, const Mat
         MbarArrive(full);
       } else {
         MbarArriveExpectTx(full, one_tile ? L::kTileBytes : 2 * L::kTileBytes);
-        if (!shared_row) {
-          TmaLoadTile(a, map, k * kSliceK, job.row0, full);
-        } else if (first) {
-          TmaLoadTileToPair(a, map, k * kSliceK, job.row0, full);
-        }
+        TmaLoadTile(a, map, k * kSliceK, job.row0, full);
         if (!one_tile) TmaLoadTile(a + L::kTileBytes, map, k * kSliceK, job.col0, full);
       }
       if (++stage == L::kStages) {
@@ -757,7 +717,7 @@ __device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const Mat
 
 #endif  // RVD_FUSED_V4_DEVICE
 
-template <typename T, int kMode, bool kTriangle, bool kPairs = false>
+template <typename T, int kMode, bool kTriangle>
 __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     FusedV4Kernel(const CUtensorMap* maps, const MatrixDesc* mats,
                   const FusedJobV2* jobs, int num_jobs, double* g2, double* trace,
@@ -766,7 +726,6 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
   using L = Layout<T, kTriangle>;
   using R = Registers<T, kTriangle>;
   using C = Consumers<kTriangle>;
-  static_assert(!kPairs || (!L::kF32 && !kTriangle), "pairs: 16-bit square jobs");
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = SmemAddr(smem_raw);
   const uint32_t tiles = (raw + 1023) & ~1023u;
@@ -784,7 +743,7 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < L::kStages; ++s) {
       MbarInit(full0 + 8 * s, 1);
-      MbarInit(empty0 + 8 * s, (kPairs ? 2 : 1) * C::kWarps);
+      MbarInit(empty0 + 8 * s, C::kWarps);
     }
     for (int s = 0; s < L::kSets; ++s) {
       MbarInit(set_full0 + 8 * s, 1);
@@ -793,7 +752,6 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  if constexpr (kPairs) ClusterSync();  // the peer's barriers exist
 
   if (warp >= C::kWarps) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R::kThird));
@@ -801,11 +759,8 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
       ConvertSlices<kMode>(maps, mats, jobs, num_jobs, tiles, base, full0, set_full0, set_empty0,
                            set_inv, red_max);
     } else if (warp == C::kWarps && lane == 0) {
-      ProduceSlices<T, kMode, kPairs>(maps, mats, jobs, num_jobs, tiles, full0, empty0);
+      ProduceSlices<T, kMode>(maps, mats, jobs, num_jobs, tiles, full0, empty0);
     }
-    // Neither CTA of a pair exits while the other may still copy into it or
-    // arrive on its barriers.
-    if constexpr (kPairs) ClusterSync();
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R::kConsumer));
@@ -851,7 +806,6 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     for (int i = 0; i < kAcc; ++i) sum[i] = 0.0f;
     auto free_slot = [&] {
       if (lane == 0) MbarArrive(ring_empty0 + 8 * done);
-      if (kPairs && lane == 0) MbarArrivePeer(ring_empty0 + 8 * done);
       if (++done == L::kRingSlots) done = 0;
     };
     // The prepared slice's operand tiles (16-bit: the stage; f32: its hi
@@ -974,20 +928,15 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     reduce_job(sum);
     parity ^= 1;
   }
-  if constexpr (kPairs) ClusterSync();
 #endif  // RVD_FUSED_V4_DEVICE
 }
 
-// The two-CTA clusters the last kSquarePairs launch found room for (the
-// benchmark prints it).
-inline int g_fused_v4_pair_clusters = 0;
-
-template <typename T, int kMode, bool kTriangle, bool kPairs = false>
+template <typename T, int kMode, bool kTriangle>
 cudaError_t LaunchFusedV4Shape(const void* maps, const MatrixDesc* mats, const FusedJobV2* jobs,
                                int num_jobs, double* g2, double* trace, float* maxabs,
                                cudaStream_t stream) {
   if (num_jobs <= 0) return cudaSuccess;
-  auto* kernel = FusedV4Kernel<T, kMode, kTriangle, kPairs>;
+  auto* kernel = FusedV4Kernel<T, kMode, kTriangle>;
   constexpr int smem = Layout<T, kTriangle>::kSmemBytes;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
@@ -995,87 +944,45 @@ cudaError_t LaunchFusedV4Shape(const void* maps, const MatrixDesc* mats, const F
   e = cudaGetDevice(&device);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (e != cudaSuccess) return e;
-  const auto* typed_maps = static_cast<const CUtensorMap*>(maps);
-  if constexpr (kPairs) {
-    // Two-CTA clusters, as many as fit at once (a GPC with an odd number
-    // of free SMs leaves one idle), each on job pairs 2p, 2p + 1.
-    if (num_jobs % 2 != 0) return cudaErrorInvalidValue;
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = 2;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(sms / 2 * 2));
-    config.blockDim = dim3(Layout<T, kTriangle>::kThreads);
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    static int clusters = 0;  // per instance; the device does not change
-    if (clusters == 0) {
-      e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
-      if (e != cudaSuccess) return e;
-      g_fused_v4_pair_clusters = clusters;
-    }
-    if (clusters <= 0) return cudaErrorInvalidConfiguration;
-    const int pairs = num_jobs / 2;
-    config.gridDim = dim3(static_cast<unsigned>(2 * (pairs < clusters ? pairs : clusters)));
-    return cudaLaunchKernelEx(&config, kernel, typed_maps, mats, jobs, num_jobs, g2, trace,
-                              maxabs);
-  }
   const int grid = num_jobs < sms ? num_jobs : sms;
-  kernel<<<grid, Layout<T, kTriangle>::kThreads, smem, stream>>>(typed_maps, mats, jobs, num_jobs,
-                                                                 g2, trace, maxabs);
+  kernel<<<grid, Layout<T, kTriangle>::kThreads, smem, stream>>>(
+      static_cast<const CUtensorMap*>(maps), mats, jobs, num_jobs, g2, trace, maxabs);
   return cudaGetLastError();
 }
 
-// The kernel for `form` (kernels.h): kTriangle, the launch's jobs are all
-// diagonal, of 16-bit Grams of side <= 128 (three consumer warpgroups);
-// kSquarePairs, 16-bit square jobs in two-CTA clusters (an even number of
-// jobs, each pair 2p, 2p + 1 with the same slice count).
+// `triangle`: the launch's jobs are all diagonal, of 16-bit Grams of side
+// <= 128 (FusedKernel::kV4Triangle): three consumer warpgroups.
 template <typename T, int kMode>
 cudaError_t LaunchFusedV4T(const void* maps, const MatrixDesc* mats, const FusedJobV2* jobs,
-                           int num_jobs, V4Form form, double* g2, double* trace,
+                           int num_jobs, bool triangle, double* g2, double* trace,
                            float* maxabs, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, float>) {
-    if (form != V4Form::kSquare) return cudaErrorInvalidValue;
+    if (triangle) return cudaErrorInvalidValue;
     return LaunchFusedV4Shape<T, kMode, false>(maps, mats, jobs, num_jobs, g2, trace, maxabs,
                                                stream);
   } else {
-    switch (form) {
-      case V4Form::kSquare:
-        return LaunchFusedV4Shape<T, kMode, false>(maps, mats, jobs, num_jobs, g2, trace,
-                                                   maxabs, stream);
-      case V4Form::kTriangle:
-        return LaunchFusedV4Shape<T, kMode, true>(maps, mats, jobs, num_jobs, g2, trace,
-                                                  maxabs, stream);
-      case V4Form::kSquarePairs:  // (not built for the probes)
-        if constexpr (kMode == kLive || kMode == kMutant) {
-          return LaunchFusedV4Shape<T, kMode, false, true>(maps, mats, jobs, num_jobs, g2, trace,
-                                                           maxabs, stream);
-        }
-        return cudaErrorInvalidValue;
-    }
-    return cudaErrorInvalidValue;
+    return triangle ? LaunchFusedV4Shape<T, kMode, true>(maps, mats, jobs, num_jobs, g2, trace,
+                                                         maxabs, stream)
+                    : LaunchFusedV4Shape<T, kMode, false>(maps, mats, jobs, num_jobs, g2,
+                                                          trace, maxabs, stream);
   }
 }
 
 template <int kMode>
 cudaError_t LaunchFusedV4Dispatch(DType dtype, const void* maps, const MatrixDesc* mats,
-                                  const FusedJobV2* jobs, int num_jobs, V4Form form,
+                                  const FusedJobV2* jobs, int num_jobs, bool triangle,
                                   double* g2, double* trace, float* maxabs,
                                   cudaStream_t stream) {
   switch (dtype) {
     case DType::kBF16:
-      return LaunchFusedV4T<__nv_bfloat16, kMode>(maps, mats, jobs, num_jobs, form, g2, trace,
-                                                  maxabs, stream);
+      return LaunchFusedV4T<__nv_bfloat16, kMode>(maps, mats, jobs, num_jobs, triangle, g2,
+                                                  trace, maxabs, stream);
     case DType::kF16:
-      return LaunchFusedV4T<__half, kMode>(maps, mats, jobs, num_jobs, form, g2, trace, maxabs,
-                                           stream);
+      return LaunchFusedV4T<__half, kMode>(maps, mats, jobs, num_jobs, triangle, g2, trace,
+                                           maxabs, stream);
     case DType::kF32:
-      return LaunchFusedV4T<float, kMode>(maps, mats, jobs, num_jobs, form, g2, trace, maxabs,
-                                          stream);
+      return LaunchFusedV4T<float, kMode>(maps, mats, jobs, num_jobs, triangle, g2, trace,
+                                          maxabs, stream);
   }
   return cudaErrorInvalidValue;
 }

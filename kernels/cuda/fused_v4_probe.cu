@@ -7,14 +7,14 @@ namespace rvd::cuda {
 
 cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const void* maps,
                                const MatrixDesc* mats, const FusedJobV2* jobs, int num_jobs,
-                               V4Form form, double* g2, double* trace, float* maxabs,
+                               bool triangle, double* g2, double* trace, float* maxabs,
                                cudaStream_t stream) {
   namespace v4 = fused_v4;
   const bool f32 = dtype == DType::kF32;
   switch (mode) {
 #define RVD_V4_PROBE(m)                                                                  \
   case v4::m:                                                                            \
-    return v4::LaunchFusedV4Dispatch<v4::m>(dtype, maps, mats, jobs, num_jobs, form, g2, \
+    return v4::LaunchFusedV4Dispatch<v4::m>(dtype, maps, mats, jobs, num_jobs, triangle, g2, \
                                             trace, maxabs, stream)
     RVD_V4_PROBE(kProbeBIsA);
     RVD_V4_PROBE(kProbeNoLoad);
@@ -24,14 +24,14 @@ cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const void* map
     case v4::kProbeChain1:  // 16-bit only
       if (f32) return cudaErrorInvalidValue;
       return v4::LaunchFusedV4Dispatch<v4::kProbeChain1>(dtype, maps, mats, jobs, num_jobs,
-                                                         form, g2, trace, maxabs, stream);
+                                                         triangle, g2, trace, maxabs, stream);
     case v4::kProbeNoConvert:
       if (!f32) return cudaErrorInvalidValue;
-      return v4::LaunchFusedV4T<float, v4::kProbeNoConvert>(maps, mats, jobs, num_jobs, form,
+      return v4::LaunchFusedV4T<float, v4::kProbeNoConvert>(maps, mats, jobs, num_jobs, triangle,
                                                             g2, trace, maxabs, stream);
     case v4::kProbeMmaOnly:
       if (!f32) return cudaErrorInvalidValue;
-      return v4::LaunchFusedV4T<float, v4::kProbeMmaOnly>(maps, mats, jobs, num_jobs, form,
+      return v4::LaunchFusedV4T<float, v4::kProbeMmaOnly>(maps, mats, jobs, num_jobs, triangle,
                                                           g2, trace, maxabs, stream);
   }
   return cudaErrorInvalidValue;

@@ -65,19 +65,13 @@ cudaError_t LaunchFusedV2Probe(const MatrixDesc* mats, const FusedJobV2* jobs,
 // (kFusedPolicyV4Sm90); `maps` holds one kTensorMapBytes tensor map per
 // matrix index (EncodeFusedV4Map, 64-byte aligned device memory); outputs
 // per job as LaunchFused, except maxabs (sqrt(max_i G_ii / k): see
-// fused_v4_kernel.cuh), in one of its forms: kSquare, kTriangle (the
-// matrices are FusedKernel::kV4Triangle's: 16-bit, Gram side <= 128) or
-// kSquarePairs (16-bit kV4 jobs in two-CTA clusters that share row tiles:
-// the same results as kSquare, bit for bit; the jobs must pair,
-// V4JobsPair in launch_policy.h).
+// fused_v4_kernel.cuh). `triangle`: the matrices are FusedKernel::kV4Triangle's
+// (16-bit, Gram side <= 128), else kV4's.
 inline constexpr int kTensorMapBytes = 128;
 // Host only: writes matrix d's tensor map (d.data a device pointer) to `map`.
 cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map);
-enum class V4Form { kSquare, kTriangle, kSquarePairs };
-// The two-CTA clusters the last kSquarePairs launch ran on (0: none yet).
-int FusedV4PairClusters();
 cudaError_t LaunchFusedV4(DType dtype, const void* maps, const MatrixDesc* mats,
-                          const FusedJobV2* jobs, int num_jobs, V4Form form, double* g2,
+                          const FusedJobV2* jobs, int num_jobs, bool triangle, double* g2,
                           double* trace, float* maxabs, cudaStream_t stream);
 
 namespace fused_v4 {
@@ -109,7 +103,7 @@ enum Mode : int {
 // on purpose.
 cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const void* maps,
                                const MatrixDesc* mats, const FusedJobV2* jobs, int num_jobs,
-                               V4Form form, double* g2, double* trace, float* maxabs,
+                               bool triangle, double* g2, double* trace, float* maxabs,
                                cudaStream_t stream);
 
 // Test hooks: the mutant launchers (v1 and v2), set by fused_mutant.cu's
@@ -123,7 +117,7 @@ using FusedV2Launcher = cudaError_t (*)(DType, const MatrixDesc*,
                                         double*, float*, cudaStream_t);
 extern FusedV2Launcher g_fused_v2_mutant_launcher;
 using FusedV4Launcher = cudaError_t (*)(DType, const void*, const MatrixDesc*,
-                                        const FusedJobV2*, int, V4Form, double*, double*,
+                                        const FusedJobV2*, int, bool, double*, double*,
                                         float*, cudaStream_t);
 extern FusedV4Launcher g_fused_v4_mutant_launcher;
 

@@ -50,14 +50,6 @@ void AppendFusedJobsV2(int32_t matrix, int64_t side, const LaunchPolicy& p,
   }
 }
 
-bool V4JobsPair(absl::Span<const FusedJobV2> jobs, absl::Span<const int64_t> cols) {
-  if (jobs.empty() || jobs.size() % 2 != 0) return false;
-  for (size_t p = 0; p < jobs.size(); p += 2) {
-    if (cols[jobs[p].matrix] != cols[jobs[p + 1].matrix]) return false;
-  }
-  return true;
-}
-
 int64_t GramSide(int64_t rows, int64_t cols) { return std::min(rows, cols); }
 
 void EnumerateFusedJobs(absl::Span<const int64_t> sides, int block_tile,

@@ -207,13 +207,6 @@ struct FusedJobV2 {
 void AppendFusedJobsV2(int32_t matrix, int64_t side, const LaunchPolicy& p,
                        std::vector<FusedJobV2>* jobs);
 
-// Whether v4's square jobs can run in two-CTA pairs (jobs 2p and 2p + 1 on
-// one cluster, in step: kernels.h, V4Form::kSquarePairs): an even number
-// of jobs, the two of each pair on matrices with the same number of
-// columns (`cols` by job.matrix). Consecutive jobs of a row tile then share
-// it: in a 1024-row Gram's 36 jobs, 14 of the 18 pairs.
-bool V4JobsPair(absl::Span<const FusedJobV2> jobs, absl::Span<const int64_t> cols);
-
 // The Gram's side for a rows x cols matrix: min(rows, cols).
 int64_t GramSide(int64_t rows, int64_t cols);
 

@@ -152,25 +152,6 @@ TEST(LaunchPolicy, ChooseFusedKernel) {
   EXPECT_STREQ(FusedPolicyOf(K::kV1Tall).name, kFusedPolicySm90.name);
 }
 
-// v4's two-CTA pairs: an even number of jobs, each pair on matrices with
-// the same number of columns.
-TEST(LaunchPolicy, V4JobsPair) {
-  std::vector<FusedJobV2> jobs;
-  AppendFusedJobsV2(0, 1024, kFusedPolicyV4Sm90, &jobs);  // 36 jobs
-  ASSERT_EQ(jobs.size(), 36u);
-  const std::vector<int64_t> cols = {4096, 4096, 1000};
-  EXPECT_TRUE(V4JobsPair(jobs, cols));
-  // 14 of the 18 pairs share their row tile (the multicast saves those).
-  int shared = 0;
-  for (size_t p = 0; p < jobs.size(); p += 2) shared += jobs[p].row0 == jobs[p + 1].row0;
-  EXPECT_EQ(shared, 14);
-  AppendFusedJobsV2(1, 129, kFusedPolicyV4Sm90, &jobs);  // 3 more: an odd count
-  EXPECT_FALSE(V4JobsPair(jobs, cols));
-  AppendFusedJobsV2(2, 129, kFusedPolicyV4Sm90, &jobs);  // even again, but jobs 38 and 39
-  EXPECT_FALSE(V4JobsPair(jobs, cols));                  // pair 4096 with 1000 columns
-  EXPECT_FALSE(V4JobsPair({}, cols));
-}
-
 // v4 jobs: whole 128 x 128 tiles, diagonal ones weight 1 over their square,
 // off-diagonal ones weight 2: every Gram entry counted once (with i <-> j).
 TEST(LaunchPolicy, V4JobsWeightEveryGramEntryOnce) {
