@@ -706,7 +706,10 @@ int Sustain(cudaStream_t stream, nlohmann::json* out) {
       for (const Contender& k : kContenders) {
         if (name == k.name) v = &k;
       }
-      if (v == nullptr) return 1;
+      if (v == nullptr) {
+        std::fprintf(stderr, "sustain: no contender %s\n", name.c_str());
+        return 1;
+      }
       std::vector<FusedPrepared> prep(3);
       for (int s = 0; s < 3; ++s) {
         if (Prepare(in.sets[s], &prep[s], v->kernel) != 0) return 1;
