@@ -812,29 +812,8 @@ int Main(int argc, char** argv) {
     cudaFree(a);
     cudaFree(b);
   }
-  std::printf("copy ceiling (D2D, read + write): %.3f TB/s\n", copy_tbps);
+  std::printf("copy ceiling (D2D, read + write): %.3f TB/s\n\n", copy_tbps);
   out["copy_TBps"] = copy_tbps;
-  // What the engine's tensor-map cache saves a call of the seed's case: the
-  // host time to encode 480 v4 maps (128 x 4096 bf16).
-  if (FusedV4Runs(prop.major, prop.minor)) {
-    void* w = nullptr;
-    BENCH_CHECK(cudaMalloc(&w, 480ull * 128 * 4096 * 2));
-    std::vector<unsigned char> maps(480 * kTensorMapBytes);
-    std::vector<double> us;
-    for (int r = 0; r < 7; ++r) {
-      const double t0 = Now();
-      for (int i = 0; i < 480; ++i) {
-        const MatrixView v{static_cast<uint8_t*>(w) + size_t(i) * 128 * 4096 * 2, 128, 4096, 4096,
-                           DType::kBF16};
-        BENCH_CHECK(EncodeFusedV4Map(DType::kBF16, MakeDesc(v), maps.data() + i * kTensorMapBytes));
-      }
-      us.push_back((Now() - t0) * 1e6);
-    }
-    cudaFree(w);
-    std::printf("v4 tensor maps: 480 encoded in %.1f us on the host (median of 7)\n", Median(us));
-    out["encode_480_maps_us"] = Median(us);
-  }
-  std::printf("\n");
   if (ab) {
     const int rc = AB(stream, reps, ncu, &out);
     if (!json_path.empty()) std::ofstream(json_path) << out.dump(2);

@@ -34,14 +34,12 @@
 #include <cusolverDn.h>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <numeric>
-#include <tuple>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -69,38 +67,6 @@ struct DeviceBuffer {
 struct PinnedBuffer {
   void* ptr = nullptr;
   uint64_t size = 0;
-};
-
-// Fused v4's tensor maps, by what a map encodes (the matrix's address,
-// shape, leading dimension and dtype), so that a matrix seen before costs
-// a lookup instead of the driver's encoder: device views of live weights
-// (CUDA IPC) keep their addresses from call to call, and a call of 480
-// matrices encoded 480 maps on the host. Bounded: emptied when it holds
-// kMaxMaps. Thread-safe.
-class TensorMapCache {
- public:
-  // Writes matrix d's map (d.data a device pointer) to `dst`.
-  cudaError_t Write(DType dtype, const MatrixDesc& d, void* dst) {
-    const Key key{reinterpret_cast<uintptr_t>(d.data), d.rows, d.cols, d.ld,
-                  static_cast<int>(dtype)};
-    absl::MutexLock lock(&mu_);
-    auto it = maps_.find(key);
-    if (it == maps_.end()) {
-      std::array<unsigned char, kTensorMapBytes> map;
-      const cudaError_t e = EncodeFusedV4Map(dtype, d, map.data());
-      if (e != cudaSuccess) return e;
-      if (maps_.size() >= kMaxMaps) maps_.clear();
-      it = maps_.emplace(key, map).first;
-    }
-    std::memcpy(dst, it->second.data(), kTensorMapBytes);
-    return cudaSuccess;
-  }
-
- private:
-  static constexpr size_t kMaxMaps = 16384;  // ~3 MB
-  using Key = std::tuple<uintptr_t, int64_t, int64_t, int64_t, int>;
-  absl::Mutex mu_;
-  std::map<Key, std::array<unsigned char, kTensorMapBytes>> maps_ ABSL_GUARDED_BY(mu_);
 };
 
 struct Context {
@@ -478,7 +444,7 @@ class Runner {
     std::memcpy(At<void>(ctx.up.ptr, o_jb), job_begin_.data(), (m + 1) * sizeof(int32_t));
     for (size_t i = 0; any_v4 && i < m; ++i) {
       if (!IsFusedV4(kernel[ctx.order[i]])) continue;
-      RVD_CUDA_RETURN_IF_ERROR(engine_->maps_->Write(
+      RVD_CUDA_RETURN_IF_ERROR(EncodeFusedV4Map(
           views[ctx.order[i]].dtype, descs[i],
           At<unsigned char>(ctx.up.ptr, o_maps) + i * kTensorMapBytes));
     }
@@ -1055,8 +1021,7 @@ class Runner {
 // ---------------------------------------------------------------------------
 // The engine.
 
-CudaEngine::CudaEngine(const CudaEngineOptions& options)
-    : options_(options), maps_(std::make_unique<TensorMapCache>()) {}
+CudaEngine::CudaEngine(const CudaEngineOptions& options) : options_(options) {}
 
 CudaEngine::~CudaEngine() {
   cudaSetDevice(options_.device);

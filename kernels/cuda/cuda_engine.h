@@ -31,7 +31,6 @@
 namespace rvd::cuda {
 
 struct Context;  // one stream and its buffers (cuda_engine.cc)
-class TensorMapCache;  // fused v4's tensor maps by matrix (cuda_engine.cc)
 
 class CudaEngine : public Engine {
  public:
@@ -106,7 +105,6 @@ class CudaEngine : public Engine {
   void AddCopyTime(double copy_ms);
 
   CudaEngineOptions options_;
-  std::unique_ptr<TensorMapCache> maps_;
   std::string version_;
   int sm_major_ = 0, sm_minor_ = 0;
   std::atomic<bool> use_mutant_{false};
