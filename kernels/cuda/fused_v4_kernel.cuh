@@ -311,28 +311,25 @@ __device__ __forceinline__ void Wgmma(float (&d)[kN / 2], uint64_t a, uint64_t b
                ", %" #a_at ", %" #b_at ", 1, 1, 1, 0, 0;"                         \
                : ops                                                               \
                : "l"(a), "l"(b))
+  // The (first, types) choice for one shape: n, its operand list and
+  // arguments, and where the descriptors sit.
+#define RVD_V4_WGMMA_SHAPE(n, list, args, a_at, b_at)                              \
+  if constexpr (kFirst && kBf16) {                                               \
+    RVD_V4_WGMMA_FIRST(n, list, args("=f", d), a_at, b_at, "bf16.bf16");         \
+  } else if constexpr (kFirst) {                                                 \
+    RVD_V4_WGMMA_FIRST(n, list, args("=f", d), a_at, b_at, "f16.f16");           \
+  } else if constexpr (kBf16) {                                                  \
+    RVD_V4_WGMMA_ACCUMULATE(n, list, args("+f", d), a_at, b_at, "bf16.bf16");    \
+  } else {                                                                       \
+    RVD_V4_WGMMA_ACCUMULATE(n, list, args("+f", d), a_at, b_at, "f16.f16");      \
+  }
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   if constexpr (kN == 128) {
-    if constexpr (kFirst && kBf16) {
-      RVD_V4_WGMMA_FIRST(128, RVD_V4_D64, RVD_V4_D64_ARGS("=f", d), 64, 65, "bf16.bf16");
-    } else if constexpr (kFirst) {
-      RVD_V4_WGMMA_FIRST(128, RVD_V4_D64, RVD_V4_D64_ARGS("=f", d), 64, 65, "f16.f16");
-    } else if constexpr (kBf16) {
-      RVD_V4_WGMMA_ACCUMULATE(128, RVD_V4_D64, RVD_V4_D64_ARGS("+f", d), 64, 65, "bf16.bf16");
-    } else {
-      RVD_V4_WGMMA_ACCUMULATE(128, RVD_V4_D64, RVD_V4_D64_ARGS("+f", d), 64, 65, "f16.f16");
-    }
+    RVD_V4_WGMMA_SHAPE(128, RVD_V4_D64, RVD_V4_D64_ARGS, 64, 65)
   } else {
-    if constexpr (kFirst && kBf16) {
-      RVD_V4_WGMMA_FIRST(64, RVD_V4_D32, RVD_V4_D32_ARGS("=f", d), 32, 33, "bf16.bf16");
-    } else if constexpr (kFirst) {
-      RVD_V4_WGMMA_FIRST(64, RVD_V4_D32, RVD_V4_D32_ARGS("=f", d), 32, 33, "f16.f16");
-    } else if constexpr (kBf16) {
-      RVD_V4_WGMMA_ACCUMULATE(64, RVD_V4_D32, RVD_V4_D32_ARGS("+f", d), 32, 33, "bf16.bf16");
-    } else {
-      RVD_V4_WGMMA_ACCUMULATE(64, RVD_V4_D32, RVD_V4_D32_ARGS("+f", d), 32, 33, "f16.f16");
-    }
+    RVD_V4_WGMMA_SHAPE(64, RVD_V4_D32, RVD_V4_D32_ARGS, 32, 33)
   }
+#undef RVD_V4_WGMMA_SHAPE
 #undef RVD_V4_WGMMA_FIRST
 #undef RVD_V4_WGMMA_ACCUMULATE
 }
