@@ -667,12 +667,13 @@ ErrorStats StatsOf(std::vector<double> err) {
 // the launch: the host's submission time, slow after a sleep, stays out.)
 // Each window is stamped with the wall clock (seconds since the epoch) so
 // that nvidia-smi's clock and power samples (gpu_host_run.sh, smi.csv;
-// bench/smi_align.py) can be placed against it. 128-row 16-bit cases run
-// v4's triangle and square kernels alternately, two rounds each: an A-B
-// whose blocks are long enough that each kernel runs at its own clock (the
-// --ab rounds are too short for that: the clock is set by their mix). The
-// probes (Contender) run once each: what each part of the kernel alone
-// costs at the power cap.
+// bench/smi_align.py) can be placed against it. The f32 and 1024-row
+// cases run the live kernel and "v4-prev" (scripts/v4_prev.sh; the live
+// kernel again without it) alternately, two rounds each: an A-B whose
+// blocks are long enough that each kernel runs at its own clock (the --ab
+// rounds are too short for that: the clock is set by their mix). Any
+// contender may take part, probes included (session 6 timed each part of
+// the kernel alone at the power cap that way).
 int Sustain(cudaStream_t stream, nlohmann::json* out) {
   auto wall = [] {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
@@ -683,10 +684,10 @@ int Sustain(cudaStream_t stream, nlohmann::json* out) {
     std::vector<std::string> contenders;  // kContenders' names
   };
   const std::vector<Run> runs = {
-      {{480, 128, 4096, DType::kF32, "sustain"}, {"v4", "v4-mmaonly", "v4-loadonly"}},
-      {{480, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri", "v4", "v4-tri", "v4"}},
-      {{256, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri", "v4", "v4-tri", "v4"}},
-      {{32, 1024, 4096, DType::kBF16, "sustain"}, {"v4", "v4-b=a", "v4-noload", "v4"}}};
+      {{480, 128, 4096, DType::kF32, "sustain"}, {"v4", "v4-prev", "v4", "v4-prev"}},
+      {{480, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri"}},
+      {{256, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri"}},
+      {{32, 1024, 4096, DType::kBF16, "sustain"}, {"v4", "v4-prev", "v4", "v4-prev"}}};
   enum Mode { kQueued, kSynced, kSpaced };
   const char* const kModeNames[] = {"queued", "synced", "spaced"};
   const double kSeconds[] = {1.5, 0.5, 1.0};
@@ -701,7 +702,10 @@ int Sustain(cudaStream_t stream, nlohmann::json* out) {
     if (Build(c, rng, &in, /*oracle=*/false) != 0) return 1;
     const std::string label = absl::StrCat(c.batch, " x ", c.rows, "x", c.cols, " ",
                                            DTypeName(c.dtype));
-    for (const std::string& name : run.contenders) {
+    for (const std::string& wanted : run.contenders) {
+      const bool have_prev = std::any_of(std::begin(kContenders), std::end(kContenders),
+                                         [](const Contender& k) { return k.prev; });
+      const std::string name = wanted == "v4-prev" && !have_prev ? "v4" : wanted;
       const Contender* v = nullptr;
       for (const Contender& k : kContenders) {
         if (name == k.name) v = &k;

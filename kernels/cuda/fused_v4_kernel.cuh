@@ -17,8 +17,9 @@
 //
 // Work split. A job is a 128 x 128 tile (row0, col0) of one Gram, col0 >=
 // row0 (launch_policy.h, FusedJobV2 with col_tile 128). A diagonal job
-// computes its whole symmetric square (weight 1); an off-diagonal one,
-// weight 2. Grid: one persistent block per SM, jobs round-robin.
+// computes its upper triangle's three 64 x 64 blocks (16-bit) or its whole
+// symmetric square (f32: see ConvertSlices); an off-diagonal one, weight
+// 2. Grid: one persistent block per SM, jobs round-robin.
 //
 // Block: 2 consumer warpgroups (warps 0-7), then for 16-bit a producer
 // warpgroup (384 threads; setmaxnreg 40 / 232: two accumulator sets and
@@ -34,7 +35,9 @@
 //     transaction count; a diagonal job loads one 128 x 64 tile per slice
 //     (it is both operands), an off-diagonal job two.
 //   consumer warpgroup c: Gram rows 64c .. 64c+63 of the tile, all 128
-//     columns (wgmma m64n128k16, A and B from shared memory, K-major).
+//     columns (wgmma m64n128k16, A and B from shared memory, K-major);
+//     16-bit diagonal jobs: block (c,c) and half of (0,1)'s k-steps
+//     (m64n64; see the consumers).
 //     Per slice (two slices for 16-bit Grams of side > 128): a chain of 4
 //     (8) wgmma starting from zero (scale-d = 0) into one of two
 //     accumulator sets; while they run, the previous chain's set is added
@@ -123,8 +126,12 @@ struct Layout {
   static constexpr int kReduceOffset = kInvOffset + 16;
   // Epilogue partials (2 sets x 3 doubles per warp), then 3 x 8 words of
   // per-warp maxima (f32's scales).
-  static constexpr int kSmemBytes = 1024 + kReduceOffset + 2 * kMaxConsumerWarps * 24 +
-                                    3 * kMaxConsumerWarps * 4 + 64;
+  // Then, for 16-bit square jobs, the second warpgroup's part of a
+  // diagonal job's block (0,1) (64 x 64 f32; see the consumers).
+  static constexpr int kSwapOffset =
+      (kReduceOffset + 2 * kMaxConsumerWarps * 24 + 3 * kMaxConsumerWarps * 4 + 64 + 15) / 16 * 16;
+  static constexpr int kSwapBytes = !kF32 && !kTriangle ? 64 * 64 * 4 : 0;
+  static constexpr int kSmemBytes = 1024 + kSwapOffset + kSwapBytes;
   // Block: the consumers, then one warpgroup (16-bit: its first thread
   // issues the copies) or, f32, two that convert (and issue the copies).
   static constexpr int kThirdWarpgroups = kF32 ? 2 : 1;
@@ -294,10 +301,12 @@ __device__ __forceinline__ void FenceAccumulators(float (&d)[kAcc]) {
 // d = A (64 x 16, K-major) * B^T (B: kN x 16, K-major) (+ d unless
 // kFirst: the first k-step of a chain writes d without reading it, so the
 // compiler need not keep d's old values alive).
-template <typename T, int kN, bool kFirst>
-__device__ __forceinline__ void Wgmma(float (&d)[kN / 2], uint64_t a, uint64_t b) {
+template <typename T, int kN, bool kFirst, int kOff = 0, int kSize>
+__device__ __forceinline__ void Wgmma(float (&acc)[kSize], uint64_t a, uint64_t b) {
   static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
   static_assert(kN == 64 || kN == 128);
+  static_assert(kOff + kN / 2 <= kSize);
+  float* const d = acc + kOff;  // this wgmma's kN / 2 accumulators
   // One asm per (N, first, types): PTX wants the shape and operand types in
   // the text.
 #define RVD_V4_WGMMA_FIRST(n, list, outs, a_at, b_at, types)                             \
@@ -399,16 +408,21 @@ __device__ __forceinline__ void ProduceSlices(const CUtensorMap* maps, const Mat
 // + 8 (i / 4) + 2 (lane % 4) + i % 2.
 template <int kGroups, int kAcc>
 __device__ __forceinline__ void ReduceJob(const float (&sum)[kAcc], bool diag, int row0, int col0,
-                                          double weight, int k, int j, double* red, int parity,
-                                          double* g2, double* trace, float* maxabs) {
+                                          double weight, double upper_weight, int k, int j,
+                                          double* red, int parity, double* g2, double* trace,
+                                          float* maxabs) {
   constexpr int kWarps = 4 * kGroups;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  double g = 0.0, t = 0.0;
+  double g = 0.0, gu = 0.0, t = 0.0;
   float dmax = 0.0f;
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) {
     const double v = sum[i];
-    g = fma(v, v, g);
+    if (i < kAcc / 2) {
+      g = fma(v, v, g);
+    } else {
+      gu = fma(v, v, gu);
+    }
     const int row = row0 + 16 * (warp % 4) + lane / 4 + 8 * ((i / 2) % 2);
     const int col = col0 + 8 * (i / 4) + 2 * (lane % 4) + i % 2;
     if (diag && row == col) {
@@ -416,7 +430,7 @@ __device__ __forceinline__ void ReduceJob(const float (&sum)[kAcc], bool diag, i
       dmax = (sum[i] > dmax || sum[i] != sum[i]) ? sum[i] : dmax;
     }
   }
-  g *= weight;  // exact
+  g = g * weight + gu * upper_weight;  // weights 1 or 2: exact products
   g = WarpSum(g);
   t = WarpSum(t);
   dmax = WarpMaxKeepNaN(dmax);
@@ -778,7 +792,21 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
   // when off the diagonal. Operand offsets by arithmetic, not a branch
   // (a branch around wgmma on the warpgroup index serializes them: C7520,
   // runs s3-5, s3-6).
+  //
+  // Square kernel, 16-bit diagonal jobs (kBlocks): the 64 x 64 blocks
+  // (0,0), (0,1), (1,1), not the whole square (whose (1,0) repeats (0,1)):
+  // warpgroup c multiplies its block (c,c) over every k-step (m64n64, into
+  // accumulators 0-31) and block (0,1) over k-steps 2c and 2c + 1 (into
+  // 32-63); at the job's end warpgroup 1's sums of (0,1) are added to
+  // warpgroup 0's through shared memory, and (0,1) counts twice. 3/4 of
+  // the square's tensor-core work with the same instruction sequence in
+  // both warpgroups; 32 x 1024x4096 bf16 0.2532 -> 0.2497 ms in isolated
+  // calls (H200 run s7-1). The units' pipeline is written out once per kind
+  // of job with its own accumulator arrays: one pipeline choosing the
+  // wgmma shape per job, or two sharing the arrays, made ptxas serialize
+  // the wgmma (C7511).
   constexpr int kAcc = C::kAcc;
+  constexpr bool kBlocks = !L::kF32 && !kTriangle;
   const int c = warp / 4;
   const int row0 = kTriangle ? 64 * (c / 2) : 64 * c;
   const int col0 = kTriangle ? 64 * ((c + 1) / 2) : 0;
@@ -798,6 +826,7 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     const int units = (slices + chain - 1) / chain;
     const bool diag = job.diagonal != 0;
     const bool one_tile = diag || kMode == kProbeBIsA;
+    const bool diag_blocks = kBlocks && diag;
     float sum[kAcc];
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) sum[i] = 0.0f;
@@ -819,9 +848,39 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
       }
     };
     // The prepared slice into `part` (from zero when `fresh`); f32: hi hi^T
-    // + hi (2 lo)^T.
-    auto issue = [&](float (&part)[kAcc], bool fresh) {
+    // + hi (2 lo)^T; `blocks`: the diagonal job's blocks.
+    auto issue = [&](bool blocks, float (&part)[kAcc], bool fresh) {
       using MmaT = std::conditional_t<L::kF32, __half, T>;
+      if constexpr (kBlocks) {
+        if (blocks) {
+          // Block (c, c) into part[0..31] over every k-step; block (0, 1)
+          // into part[32..63] over k-steps 2c and 2c + 1 (the mutant: 2c
+          // twice).
+          const uint32_t rows = ready + 64 * c * 128;
+#pragma unroll
+          for (int kk = 0; kk < kSliceK / 16; ++kk) {
+            const uint64_t d = SwizzledDesc(rows + 32 * kk);
+            if (kk == 0 && fresh) {
+              Wgmma<T, 64, true>(part, d, d);
+            } else {
+              Wgmma<T, 64, false>(part, d, d);
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int kk = 2 * c + i;
+            const int kb = kMode == kMutant ? 2 * c : kk;
+            const uint64_t da = SwizzledDesc(ready + 32 * kk);
+            const uint64_t db = SwizzledDesc(ready + 64 * 128 + 32 * kb);
+            if (i == 0 && fresh) {
+              Wgmma<T, 64, true, 32>(part, da, db);
+            } else {
+              Wgmma<T, 64, false, 32>(part, da, db);
+            }
+          }
+          return;
+        }
+      }
       // (Rows of 128 bytes: row r of a tile at + 128 r.)
       const uint32_t a = ready + row0 * 128;
       const uint32_t b = (L::kF32 || one_tile ? ready : ready + L::kTileBytes) + col0 * 128;
@@ -846,15 +905,15 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     // fence to the commit issues wgmma: on a path without, ptxas adds an
     // empty wgmma group, and the wait for one pending group then waits for
     // the slice just issued (run s3-2).
-    auto issue_unit = [&](float (&part)[kAcc], float& inv, int u) {
+    auto issue_unit = [&](bool blocks, float (&part)[kAcc], float& inv, int u) {
       prepare();
       inv = ready_inv;
       FenceAccumulators(part);
       WgmmaFence();
-      issue(part, true);
+      issue(blocks, part, true);
       if (unit_slices(u) == 2) {
         prepare();
-        issue(part, false);
+        issue(blocks, part, false);
       }
       WgmmaCommit();
     };
@@ -873,16 +932,40 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
         }
       }
     };
+    float inv0 = 1.0f, inv1 = 1.0f;
+    auto reduce_job = [&](float (&sums)[kAcc]) {
+      if (diag_blocks) {
+        // Warpgroup 1's sums of block (0,1) into warpgroup 0's (the
+        // barrier at the end of ReduceJob keeps warpgroup 1 from writing
+        // the next job's before these are read).
+        float* swap = reinterpret_cast<float*>(base + L::kSwapOffset);
+        const int t = threadIdx.x % 128;
+        if (c == 1) {
+#pragma unroll
+          for (int i = 0; i < kAcc / 2; ++i) {
+            swap[128 * i + t] = sums[kAcc / 2 + i];
+            sums[kAcc / 2 + i] = 0.0f;
+          }
+        }
+        asm volatile("bar.sync 2, %0;" ::"n"(128 * C::kGroups) : "memory");
+        if (c == 0) {
+#pragma unroll
+          for (int i = 0; i < kAcc / 2; ++i) {
+            sums[kAcc / 2 + i] = __fadd_rn(sums[kAcc / 2 + i], swap[128 * i + t]);
+          }
+        }
+        ReduceJob<C::kGroups>(sums, diag, 64 * c, 64 * c, 1.0, 2.0, cols, j, red, parity, g2,
+                              trace, maxabs);
+        return;
+      }
+      ReduceJob<C::kGroups>(sums, diag, row0, col0, weight, weight, cols, j, red, parity, g2,
+                            trace, maxabs);
+    };
     // One step: unit u runs in `run`, unit u + 1 (< units) goes into
     // `nxt`, then u is retired.
-    float inv0 = 1.0f, inv1 = 1.0f;
-    auto reduce_job = [&](const float (&sums)[kAcc]) {
-      ReduceJob<C::kGroups>(sums, diag, row0, col0, weight, cols, j, red, parity, g2, trace,
-                            maxabs);
-    };
-    auto step = [&](float (&run)[kAcc], float run_inv, float (&nxt)[kAcc], float& nxt_inv,
-                    int u) {
-      issue_unit(nxt, nxt_inv, u + 1);
+    auto step = [&](bool blocks, float (&run)[kAcc], float run_inv, float (&nxt)[kAcc],
+                    float& nxt_inv, int u) {
+      issue_unit(blocks, nxt, nxt_inv, u + 1);
       WgmmaWait<1>();
       retire(run, run_inv, u);
     };
@@ -898,7 +981,7 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     if constexpr (L::kF32) {
       // One accumulator set: each slice is added once its wgmma are done.
       for (int u = 0; u < units; ++u) {
-        issue_unit(part0, inv0, u);
+        issue_unit(false, part0, inv0, u);
         WgmmaWait<0>();
         retire(part0, inv0, u);
       }
@@ -906,21 +989,31 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
       parity ^= 1;
       continue;
     }
-    issue_unit(part0, inv0, 0);
-    // A fixed pair structure, so that each wgmma names one accumulator
-    // array (else ptxas serializes them: warning C7514).
-    int u = 0;
-    for (; u + 2 < units; u += 2) {
-      step(part0, inv0, part1, inv1, u);
-      step(part1, inv1, part0, inv0, u + 1);
-    }
-    if (u + 1 < units) {
-      step(part0, inv0, part1, inv1, u);
-      WgmmaWait<0>();
-      retire(part1, inv1, u + 1);
+    // The units' pipeline; `blocks`: a diagonal job as 64 x 64 blocks (one
+    // copy of the pipeline per kind of job, each with its own arrays).
+    auto run_units = [&](bool blocks, float (&p0)[kAcc], float (&p1)[kAcc]) {
+      issue_unit(blocks, p0, inv0, 0);
+      // A fixed pair structure, so that each wgmma names one accumulator
+      // array (else ptxas serializes them: warning C7514).
+      int u = 0;
+      for (; u + 2 < units; u += 2) {
+        step(blocks, p0, inv0, p1, inv1, u);
+        step(blocks, p1, inv1, p0, inv0, u + 1);
+      }
+      if (u + 1 < units) {
+        step(blocks, p0, inv0, p1, inv1, u);
+        WgmmaWait<0>();
+        retire(p1, inv1, u + 1);
+      } else {
+        WgmmaWait<0>();
+        retire(p0, inv0, u);
+      }
+    };
+    if (diag_blocks) {
+      float q0[kAcc], q1[kAcc];
+      run_units(true, q0, q1);
     } else {
-      WgmmaWait<0>();
-      retire(part0, inv0, u);
+      run_units(false, part0, part1);
     }
     reduce_job(sum);
     parity ^= 1;

@@ -139,10 +139,12 @@ inline constexpr LaunchPolicy kFusedPolicyV3Sm90{
 // runs s3-3 .. s3-9), max error 5e-7; 128-row Grams keep 4 (8 was 3-5%
 // slower there). f32 (Gram side <= 128): two converter warpgroups split
 // each tile into scaled f16 hi + 2 lo (warps_f32 16: 512 threads), the
-// consumers run 8 wgmma per slice.
-// Measurements: NOTES.md, fused v4; bench/RESULTS.md, sessions 2 to 4.
+// consumers run 8 wgmma per slice. "d3" (session 7): a 16-bit diagonal job
+// multiplies the three 64 x 64 blocks of its upper triangle, not the whole
+// square (32 x 1024x4096 bf16 0.2532 -> 0.2497 ms isolated, H200 s7-1).
+// Measurements: NOTES.md, fused v4; bench/RESULTS.md, sessions 2 to 7.
 inline constexpr LaunchPolicy kFusedPolicyV4Sm90{
-    "fused-v4-tma-wgmma-bt128s6c8w16", 128, 12, 64, 128, 6, 2, 128, 1, 6, 4, 4, 8, 16};
+    "fused-v4-tma-wgmma-bt128s6c8w16d3", 128, 12, 64, 128, 6, 2, 128, 1, 6, 4, 4, 8, 16};
 
 // v4 for 16-bit Grams of side <= 128 (one diagonal job per matrix): the
 // same ring and producer, and three consumer warpgroups, one per 64 x 64
