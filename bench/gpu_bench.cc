@@ -198,7 +198,6 @@ struct FusedPrepared {
   void* maps = nullptr;          // v4's tensor maps
   FusedKernel kernel = FusedKernel::kV3;
   int32_t* jb = nullptr;
-  int32_t* order = nullptr;  // LaunchFinalize's job_order (null: none)
   double *g2 = nullptr, *tr = nullptr, *pr = nullptr;
   float* mx = nullptr;
   int32_t* st = nullptr;
@@ -209,10 +208,9 @@ struct FusedPrepared {
 };
 
 // One case is one shape and dtype: without `forced`, the kernel the engine
-// would choose (ChooseFusedKernel); its jobs in the engine's order
-// (SpreadDiagonalJobs) unless `matrix_order`.
+// would choose (ChooseFusedKernel).
 int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
-            std::optional<FusedKernel> forced = std::nullopt, bool matrix_order = false) {
+            std::optional<FusedKernel> forced = std::nullopt) {
   std::vector<MatrixDesc> descs;
   std::vector<int64_t> sides;
   for (const MatrixView& v : views) {
@@ -230,7 +228,7 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
   f->kernel = kernel;
   std::vector<FusedJob> jobs;
   std::vector<FusedJobV2> jobs2;
-  std::vector<int32_t> jb, order;
+  std::vector<int32_t> jb;
   const bool wide = kernel != FusedKernel::kV1Tall;
   if (wide) {
     const LaunchPolicy& p = FusedPolicyOf(kernel);
@@ -240,9 +238,6 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
     }
     jb.push_back(static_cast<int32_t>(jobs2.size()));
     for (const FusedJobV2& j : jobs2) f->offdiag |= j.diagonal == 0;
-    if (kernel == FusedKernel::kV4 && views[0].dtype != DType::kF32 && !matrix_order) {
-      order = SpreadDiagonalJobs(prop.multiProcessorCount, absl::MakeSpan(jobs2));
-    }
   } else {
     EnumerateFusedJobs(sides, kFusedPolicySm90.block_tile, &jobs, &jb);
     for (const FusedJob& j : jobs) f->offdiag |= j.diagonal == 0;
@@ -257,9 +252,8 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
   const size_t sd = al(descs.size() * sizeof(MatrixDesc)), sj = al(nj * job_bytes),
                sb = al(jb.size() * 4), s8 = al(nj * 8), s4 = al(nj * 4),
                m8 = al(views.size() * 8), m4 = al(views.size() * 4),
-               sm = IsFusedV4(kernel) ? al(views.size() * kTensorMapBytes) : 0,
-               so = al(order.size() * 4);
-  BENCH_CHECK(cudaMalloc(&f->dev, sd + sj + sb + 2 * s8 + s4 + m8 + m4 + sm + so));
+               sm = IsFusedV4(kernel) ? al(views.size() * kTensorMapBytes) : 0;
+  BENCH_CHECK(cudaMalloc(&f->dev, sd + sj + sb + 2 * s8 + s4 + m8 + m4 + sm));
   auto* p = static_cast<uint8_t*>(f->dev);
   f->desc = reinterpret_cast<MatrixDesc*>(p);
   f->jobs = reinterpret_cast<FusedJob*>(p + sd);
@@ -271,10 +265,6 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
   f->pr = reinterpret_cast<double*>(p + sd + sj + sb + 2 * s8 + s4);
   f->st = reinterpret_cast<int32_t*>(p + sd + sj + sb + 2 * s8 + s4 + m8);
   f->maps = p + sd + sj + sb + 2 * s8 + s4 + m8 + m4;
-  if (!order.empty()) {
-    f->order = reinterpret_cast<int32_t*>(p + sd + sj + sb + 2 * s8 + s4 + m8 + m4 + sm);
-    BENCH_CHECK(cudaMemcpy(f->order, order.data(), order.size() * 4, cudaMemcpyHostToDevice));
-  }
   BENCH_CHECK(cudaMemcpy(f->desc, descs.data(), descs.size() * sizeof(MatrixDesc), cudaMemcpyHostToDevice));
   if (wide) {
     BENCH_CHECK(cudaMemcpy(f->jobs2, jobs2.data(), nj * sizeof(FusedJobV2), cudaMemcpyHostToDevice));
@@ -308,7 +298,7 @@ cudaError_t RunPrepared(const FusedPrepared& f, cudaStream_t s) {
       break;
   }
   if (e != cudaSuccess) return e;
-  return LaunchFinalize(f.desc, f.jb, f.order, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
+  return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
 }
 
 int TimeQueued(const std::function<cudaError_t(int)>& launch, int reps, double warm_ms,
@@ -397,7 +387,6 @@ struct Contender {
   fused_v4::Mode v4_mode;  // kLive: the live kernel; else a probe
   bool exact;
   bool prev = false;  // v4 at an earlier revision (scripts/v4_prev.sh)
-  bool matrix_order = false;  // the jobs in matrix order (not SpreadDiagonalJobs')
 };
 constexpr Contender kContenders[] = {
     {"v3", FusedKernel::kV3, fused_v4::kLive, true},
@@ -407,7 +396,6 @@ constexpr Contender kContenders[] = {
     {"v4-prev", FusedKernel::kV4, fused_v4::kLive, true, true},
 #endif
     {"v4-chain1", FusedKernel::kV4, fused_v4::kProbeChain1, true},
-    {"v4-mo", FusedKernel::kV4, fused_v4::kLive, true, false, true},
     {"v4-b=a", FusedKernel::kV4, fused_v4::kProbeBIsA, false},
     {"v4-noload", FusedKernel::kV4, fused_v4::kProbeNoLoad, false},
     {"v4-retire1", FusedKernel::kV4, fused_v4::kProbeRetire1, false},
@@ -422,7 +410,7 @@ cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_
     const cudaError_t e = LaunchFusedV4Prev(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs, f.g2,
                                             f.tr, f.mx, s);
     if (e != cudaSuccess) return e;
-    return LaunchFinalize(f.desc, f.jb, f.order, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
+    return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
   }
 #endif
   if (v.v4_mode == fused_v4::kLive) return RunPrepared(f, s);
@@ -430,7 +418,7 @@ cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_
       LaunchFusedV4Probe(v.v4_mode, f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs,
                          f.kernel == FusedKernel::kV4Triangle, f.g2, f.tr, f.mx, s);
   if (e != cudaSuccess) return e;
-  return LaunchFinalize(f.desc, f.jb, f.order, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
+  return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
 }
 
 // v4 only where it would serve on an H200 (f32: Gram side <= 128); some
@@ -494,7 +482,7 @@ int ABAccuracy(cudaStream_t stream, std::mt19937_64& rng, nlohmann::json* acc, b
             continue;
           }
           FusedPrepared f;
-          if (Prepare(views, &f, v.kernel, v.matrix_order) != 0) return 1;
+          if (Prepare(views, &f, v.kernel) != 0) return 1;
           BENCH_CHECK(cudaMemset(f.pr, 0xFF, 4 * sizeof(double)));
           BENCH_CHECK(RunContender(f, v, stream));
           std::vector<double> got(4);
@@ -545,10 +533,7 @@ int AB(cudaStream_t stream, int reps, bool profile, nlohmann::json* out) {
       if (!Applies(kContenders[v], c.dtype, c.rows, c.cols)) continue;
       prep[v] = std::vector<FusedPrepared>(3);
       for (int s = 0; s < 3; ++s) {
-        if (Prepare(in.sets[s], &prep[v][s], kContenders[v].kernel,
-                    kContenders[v].matrix_order) != 0) {
-          return 1;
-        }
+        if (Prepare(in.sets[s], &prep[v][s], kContenders[v].kernel) != 0) return 1;
       }
     }
     if (profile) {
@@ -682,10 +667,9 @@ ErrorStats StatsOf(std::vector<double> err) {
 // the launch: the host's submission time, slow after a sleep, stays out.)
 // Each window is stamped with the wall clock (seconds since the epoch) so
 // that nvidia-smi's clock and power samples (gpu_host_run.sh, smi.csv;
-// bench/smi_align.py) can be placed against it. The f32 case runs the
-// live kernel and "v4-prev" (scripts/v4_prev.sh; the live kernel again
-// without it), the 1024-row case the live kernel and "v4-mo" (its jobs in
-// matrix order), alternately, two rounds each: an A-B whose
+// bench/smi_align.py) can be placed against it. The f32 and 1024-row
+// cases run the live kernel and "v4-prev" (scripts/v4_prev.sh; the live
+// kernel again without it) alternately, two rounds each: an A-B whose
 // blocks are long enough that each kernel runs at its own clock (the --ab
 // rounds are too short for that: the clock is set by their mix). Any
 // contender may take part, probes included (session 6 timed each part of
@@ -703,7 +687,7 @@ int Sustain(cudaStream_t stream, nlohmann::json* out) {
       {{480, 128, 4096, DType::kF32, "sustain"}, {"v4", "v4-prev", "v4", "v4-prev"}},
       {{480, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri"}},
       {{256, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri"}},
-      {{32, 1024, 4096, DType::kBF16, "sustain"}, {"v4", "v4-mo", "v4", "v4-mo"}}};
+      {{32, 1024, 4096, DType::kBF16, "sustain"}, {"v4", "v4-prev", "v4", "v4-prev"}}};
   enum Mode { kQueued, kSynced, kSpaced };
   const char* const kModeNames[] = {"queued", "synced", "spaced"};
   const double kSeconds[] = {1.5, 0.5, 1.0};
@@ -732,7 +716,7 @@ int Sustain(cudaStream_t stream, nlohmann::json* out) {
       }
       std::vector<FusedPrepared> prep(3);
       for (int s = 0; s < 3; ++s) {
-        if (Prepare(in.sets[s], &prep[s], v->kernel, v->matrix_order) != 0) return 1;
+        if (Prepare(in.sets[s], &prep[s], v->kernel) != 0) return 1;
       }
       const char* kernel = v->name;
       auto launch = [&](int r) { return RunContender(prep[r % 3], *v, stream); };

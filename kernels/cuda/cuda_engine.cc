@@ -417,31 +417,11 @@ class Runner {
       }
     }
     const size_t nj = jobs_.size() + jobs2_.size();
-    // v4's square launches of 16-bit matrices: diagonal jobs where they
-    // shorten the busiest block (SpreadDiagonalJobs); job_order_ maps each
-    // job to its outputs' position for the finalize.
-    job_order_.clear();
-    for (size_t s0 = 0, s1 = 0; s0 < m; s0 = s1) {
-      s1 = s0;
-      while (s1 < m && key(ctx.order[s1]) == key(ctx.order[s0])) ++s1;
-      if (kernel[ctx.order[s0]] != FusedKernel::kV4 || views[ctx.order[s0]].dtype == DType::kF32) {
-        continue;
-      }
-      if (job_order_.empty()) {
-        job_order_.resize(nj);
-        std::iota(job_order_.begin(), job_order_.end(), int32_t{0});
-      }
-      const int j0 = job_begin_[s0], l0 = list_begin[s0];
-      const std::vector<int32_t> position = SpreadDiagonalJobs(
-          engine_->sms_, absl::MakeSpan(jobs2_).subspan(l0, job_begin_[s1] - j0));
-      for (size_t i = 0; i < position.size(); ++i) job_order_[j0 + i] = j0 + position[i];
-    }
     Layout up;
     const uint64_t o_desc = up.Add(m * sizeof(MatrixDesc));
     const uint64_t o_jobs = up.Add(jobs_.size() * sizeof(FusedJob));
     const uint64_t o_jobs2 = up.Add(jobs2_.size() * sizeof(FusedJobV2));
     const uint64_t o_jb = up.Add((m + 1) * sizeof(int32_t));
-    const uint64_t o_order = up.Add(job_order_.size() * sizeof(int32_t));
     const uint64_t o_maps = up.Add(any_v4 ? m * kTensorMapBytes : 0);  // 256-aligned
     Layout work = up;
     const uint64_t o_g2 = work.Add(nj * sizeof(double));
@@ -462,10 +442,6 @@ class Runner {
                   jobs2_.size() * sizeof(FusedJobV2));
     }
     std::memcpy(At<void>(ctx.up.ptr, o_jb), job_begin_.data(), (m + 1) * sizeof(int32_t));
-    if (!job_order_.empty()) {
-      std::memcpy(At<void>(ctx.up.ptr, o_order), job_order_.data(),
-                  job_order_.size() * sizeof(int32_t));
-    }
     for (size_t i = 0; any_v4 && i < m; ++i) {
       if (!IsFusedV4(kernel[ctx.order[i]])) continue;
       RVD_CUDA_RETURN_IF_ERROR(EncodeFusedV4Map(
@@ -529,8 +505,7 @@ class Runner {
       s0 = s1;
     }
     RVD_CUDA_RETURN_IF_ERROR(LaunchFinalize(
-        d_desc, At<int32_t>(w, o_jb), job_order_.empty() ? nullptr : At<int32_t>(w, o_order),
-        static_cast<int>(m), At<double>(w, o_g2),
+        d_desc, At<int32_t>(w, o_jb), static_cast<int>(m), At<double>(w, o_g2),
         At<double>(w, o_tr), At<float>(w, o_mx), At<double>(w, o_pr),
         At<int32_t>(w, o_st), ctx.stream));
     return Download(ctx, At<double>(w, o_pr), At<int32_t>(w, o_st), m);
@@ -709,7 +684,7 @@ class Runner {
       }
     }
     RVD_CUDA_RETURN_IF_ERROR(LaunchFinalize(
-        d_desc, At<int32_t>(w, o_jb), nullptr, static_cast<int>(m), d_g2,
+        d_desc, At<int32_t>(w, o_jb), static_cast<int>(m), d_g2,
         At<double>(w, o_tr), At<float>(w, o_mx), At<double>(w, o_pr),
         At<int32_t>(w, o_st), ctx.stream));
     return Download(ctx, At<double>(w, o_pr), At<int32_t>(w, o_st), m);
@@ -1037,7 +1012,6 @@ class Runner {
   std::vector<FusedJob> jobs_;     // v1 (tall matrices)
   std::vector<FusedJobV2> jobs2_;  // v2 (wide matrices)
   std::vector<int32_t> job_begin_;
-  std::vector<int32_t> job_order_;  // empty: every job's outputs at its index
   std::map<std::string, int64_t> fused_served_;  // policy key -> matrices
   std::vector<double> results_;  // naive and estimators, chunk order
   uint64_t work_extra_ = 0;
@@ -1083,7 +1057,6 @@ absl::Status CudaEngine::Init() {
   RVD_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options_.device));
   sm_major_ = prop.major;
   sm_minor_ = prop.minor;
-  sms_ = prop.multiProcessorCount;
   if (sm_major_ < 8) {
     return absl::UnavailableError(absl::StrCat(
         "CUDA device ", prop.name, " is sm_", sm_major_, sm_minor_,

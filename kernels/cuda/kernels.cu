@@ -110,15 +110,14 @@ __device__ float BlockMax(float v) {
 }
 
 __global__ void FinalizeKernel(const MatrixDesc* mats, const int32_t* job_begin,
-                               const int32_t* job_order, int num_matrices,
-                               const double* g2, const double* trace,
-                               const float* maxabs, double* pr, int32_t* status) {
+                               int num_matrices, const double* g2,
+                               const double* trace, const float* maxabs,
+                               double* pr, int32_t* status) {
   const int m = blockIdx.x * blockDim.x + threadIdx.x;
   if (m >= num_matrices) return;
   double g = 0.0, t = 0.0;
   float mx = 0.0f;
-  for (int k = job_begin[m]; k < job_begin[m + 1]; ++k) {
-    const int j = job_order != nullptr ? job_order[k] : k;
+  for (int j = job_begin[m]; j < job_begin[m + 1]; ++j) {
     g += g2[j];
     t += trace[j];
     mx = fmaxf(mx, maxabs[j]);
@@ -234,14 +233,14 @@ int GridFor(int64_t total) {
 }  // namespace
 
 cudaError_t LaunchFinalize(const MatrixDesc* mats, const int32_t* job_begin,
-                           const int32_t* job_order, int num_matrices, const double* g2,
-                           const double* trace, const float* maxabs, double* pr,
-                           int32_t* status, cudaStream_t stream) {
+                           int num_matrices, const double* g2,
+                           const double* trace, const float* maxabs,
+                           double* pr, int32_t* status, cudaStream_t stream) {
   if (num_matrices <= 0) return cudaSuccess;
   const int threads = 128;
   FinalizeKernel<<<(num_matrices + threads - 1) / threads, threads, 0,
-                   stream>>>(mats, job_begin, job_order, num_matrices, g2, trace,
-                             maxabs, pr, status);
+                   stream>>>(mats, job_begin, num_matrices, g2, trace, maxabs,
+                             pr, status);
   return cudaGetLastError();
 }
 

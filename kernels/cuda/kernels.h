@@ -121,14 +121,12 @@ using FusedV4Launcher = cudaError_t (*)(DType, const void*, const MatrixDesc*,
                                         float*, cudaStream_t);
 extern FusedV4Launcher g_fused_v4_mutant_launcher;
 
-// Per matrix m: sums its jobs k in [job_begin[m], job_begin[m+1]) in that
-// order, in float64, and writes pr[m] and status[m]. Job k's outputs are at
-// job_order[k] (launches whose jobs were reordered: SpreadDiagonalJobs), or
-// at k when job_order is null.
+// Per matrix m: sums its jobs [job_begin[m], job_begin[m+1]) in job order,
+// in float64, and writes pr[m] and status[m].
 cudaError_t LaunchFinalize(const MatrixDesc* mats, const int32_t* job_begin,
-                           const int32_t* job_order, int num_matrices, const double* g2,
-                           const double* trace, const float* maxabs, double* pr,
-                           int32_t* status, cudaStream_t stream);
+                           int num_matrices, const double* g2,
+                           const double* trace, const float* maxabs,
+                           double* pr, int32_t* status, cudaStream_t stream);
 
 // One block per matrix: trace[m] = ||W_m||_F^2 (float64), maxabs[m].
 cudaError_t LaunchStats(DType dtype, const MatrixDesc* mats, int num_matrices,

@@ -1,7 +1,6 @@
 #include "kernels/cuda/launch_policy.h"
 
 #include <algorithm>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -49,45 +48,6 @@ void AppendFusedJobsV2(int32_t matrix, int64_t side, const LaunchPolicy& p,
                                  static_cast<int32_t>(c), 0});
     }
   }
-}
-
-std::vector<int32_t> SpreadDiagonalJobs(int sms, absl::Span<FusedJobV2> jobs) {
-  const int n = static_cast<int>(jobs.size());
-  std::vector<int32_t> position(n);
-  const int grid = std::min(n, sms);
-  if (grid <= 0) return position;
-  std::vector<int> count(grid), diagonal(grid, 0);
-  for (int b = 0; b < grid; ++b) count[b] = (n - b + grid - 1) / grid;
-  const std::vector<FusedJobV2> before(jobs.begin(), jobs.end());
-  std::vector<int> blocks(grid);
-  for (int r0 = 0; r0 < n; r0 += grid) {
-    const int active = std::min(grid, n - r0);
-    // This round's blocks, those with the most work to come first: the
-    // most jobs, then the fewest diagonal ones so far, then the lower.
-    blocks.resize(active);
-    for (int b = 0; b < active; ++b) blocks[b] = b;
-    std::stable_sort(blocks.begin(), blocks.end(), [&](int x, int y) {
-      return 5 * count[x] - diagonal[x] > 5 * count[y] - diagonal[y];
-    });
-    int round_diagonal = 0;
-    for (int i = r0; i < r0 + active; ++i) round_diagonal += before[i].diagonal != 0;
-    std::vector<bool> takes_diagonal(active, false);
-    for (int k = 0; k < round_diagonal; ++k) {
-      takes_diagonal[blocks[k]] = true;
-      ++diagonal[blocks[k]];
-    }
-    // The round's jobs, each kind in matrix order, to its blocks in block
-    // order.
-    int next_diag = r0, next_off = r0;
-    for (int b = 0; b < active; ++b) {
-      int& next = takes_diagonal[b] ? next_diag : next_off;
-      while ((before[next].diagonal != 0) != takes_diagonal[b]) ++next;
-      position[next] = r0 + b;
-      jobs[r0 + b] = before[next];
-      ++next;
-    }
-  }
-  return position;
 }
 
 int64_t GramSide(int64_t rows, int64_t cols) { return std::min(rows, cols); }

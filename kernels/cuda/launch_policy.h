@@ -209,23 +209,6 @@ struct FusedJobV2 {
 void AppendFusedJobsV2(int32_t matrix, int64_t side, const LaunchPolicy& p,
                        std::vector<FusedJobV2>* jobs);
 
-// Fused v4 runs one persistent block per SM: grid min(n, sms) for n jobs,
-// block b taking the jobs at positions b, b + grid, ..., so the number of
-// jobs per block is fixed by their count. A 16-bit diagonal job costs about
-// 4/5 of an off-diagonal one in v4's square kernel (one tile copied instead
-// of two, 3/4 of the tensor work, the same operand reads), so which block
-// gets which job sets the busiest block's work: in matrix order, 40 of the
-// 132 blocks of 32 x 1024x4096 get nine off-diagonal jobs and no diagonal
-// one. Reorders `jobs` (one launch's, in matrix order) within each round of
-// `grid` positions, so that every round still runs the same jobs at once
-// (they share tiles in L2: an order that moved diagonal jobs across rounds
-// was 6% slower, H200 s7-3), giving the round's diagonal jobs to the blocks
-// with the most work to come; returns where each job went: jobs_before[i]
-// is now at position result[i]. The jobs' results do not depend on their
-// positions, and the finalize sums each matrix's in matrix order
-// (LaunchFinalize's job_order), so the PR's bits do not either.
-std::vector<int32_t> SpreadDiagonalJobs(int sms, absl::Span<FusedJobV2> jobs);
-
 // The Gram's side for a rows x cols matrix: min(rows, cols).
 int64_t GramSide(int64_t rows, int64_t cols);
 

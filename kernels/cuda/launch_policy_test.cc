@@ -239,57 +239,5 @@ TEST(LaunchPolicy, V2SlotsCoverTheUpperTriangle) {
     for (int g = 0; g < 8; ++g) EXPECT_EQ(seen[i * 8 + g], g >= i ? 1 : 0) << i << "," << g;
 }
 
-// The busiest block's work (cost 5 per off-diagonal job, 4 per diagonal
-// one) when block b of `grid` takes positions b, b + grid, ...
-int BusiestBlock(const std::vector<FusedJobV2>& jobs, int sms) {
-  const int grid = std::min<int>(static_cast<int>(jobs.size()), sms);
-  std::vector<int> work(grid, 0);
-  for (size_t p = 0; p < jobs.size(); ++p) work[p % grid] += jobs[p].diagonal ? 4 : 5;
-  return *std::max_element(work.begin(), work.end());
-}
-
-// SpreadDiagonalJobs: a permutation that keeps each job whole and each
-// round's jobs together, puts the diagonal jobs on the blocks with the most
-// work (32 x 1024x4096 on 132 SMs: no block with nine off-diagonal jobs,
-// which matrix order has), and changes nothing where all jobs are alike.
-TEST(LaunchPolicy, SpreadDiagonalJobsBalancesBlocks) {
-  struct Case {
-    int matrices, side, sms, busiest_before, busiest_after;
-  };
-  // 32 x 1024: 1152 jobs, 96 blocks of 9 and 36 of 8, 256 diagonal: 2 or 3
-  // on each 9-job block (at most 7 x 5 + 2 x 4 = 43; matrix order leaves 40
-  // blocks with 9 x 5 = 45). 256 x 256: 108 blocks of 6, 512 diagonal: at
-  // least 4 on each (2 x 5 + 4 x 4 = 26).
-  for (const Case c : {Case{32, 1024, 132, 45, 43}, Case{256, 256, 132, 30, 26},
-                       Case{480, 128, 132, 16, 16}, Case{3, 300, 132, 5, 5},
-                       Case{2, 1000, 16, 25, 23}}) {
-    std::vector<FusedJobV2> jobs;
-    for (int m = 0; m < c.matrices; ++m) {
-      AppendFusedJobsV2(m, c.side, kFusedPolicyV4Sm90, &jobs);
-    }
-    const std::vector<FusedJobV2> before = jobs;
-    const std::vector<int32_t> position = SpreadDiagonalJobs(c.sms, absl::MakeSpan(jobs));
-    ASSERT_EQ(position.size(), jobs.size());
-    std::vector<int> hit(jobs.size(), 0);
-    for (size_t i = 0; i < before.size(); ++i) {
-      ASSERT_GE(position[i], 0);
-      ASSERT_LT(position[i], static_cast<int32_t>(jobs.size()));
-      ++hit[position[i]];
-      const FusedJobV2& a = before[i];
-      const FusedJobV2& b = jobs[position[i]];
-      EXPECT_TRUE(a.matrix == b.matrix && a.row0 == b.row0 && a.col0 == b.col0 &&
-                  a.diagonal == b.diagonal);
-    }
-    for (int h : hit) EXPECT_EQ(h, 1);
-    // Every round of min(n, sms) positions holds the same jobs as before.
-    const int grid = std::min<int>(static_cast<int>(jobs.size()), c.sms);
-    for (size_t i = 0; i < before.size(); ++i) {
-      EXPECT_EQ(position[i] / grid, static_cast<int32_t>(i) / grid) << c.side;
-    }
-    EXPECT_EQ(BusiestBlock(before, c.sms), c.busiest_before) << c.matrices << " x " << c.side;
-    EXPECT_EQ(BusiestBlock(jobs, c.sms), c.busiest_after) << c.matrices << " x " << c.side;
-  }
-}
-
 }  // namespace
 }  // namespace rvd::cuda
