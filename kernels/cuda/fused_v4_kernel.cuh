@@ -817,51 +817,6 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
   uint32_t next_phase = 0;
   int parity = 0;  // which set of epilogue partials
   float part0[kAcc], part1[kAcc];
-  // The running sums of the job being added up, until its epilogue.
-  float sum[kAcc];
-#pragma unroll
-  for (int i = 0; i < kAcc; ++i) sum[i] = 0.0f;
-  // A job's epilogue waits until the next job's first unit is issued, so
-  // that it runs beside those wgmma instead of between two jobs' (it needs
-  // only the sums; the next job's first add comes after it).
-  struct Epilogue {
-    bool pending = false;
-    bool diag, diag_blocks;
-    int j, cols;
-  } epilogue;
-  auto finish_job = [&] {
-    if (!epilogue.pending) return;
-    epilogue.pending = false;
-    if (epilogue.diag_blocks) {
-      // Warpgroup 1's sums of block (0,1) into warpgroup 0's (the
-      // barrier at the end of ReduceJob keeps warpgroup 1 from writing
-      // the next job's before these are read).
-      float* swap = reinterpret_cast<float*>(base + L::kSwapOffset);
-      const int t = threadIdx.x % 128;
-      if (c == 1) {
-#pragma unroll
-        for (int i = 0; i < kAcc / 2; ++i) {
-          swap[128 * i + t] = sum[kAcc / 2 + i];
-          sum[kAcc / 2 + i] = 0.0f;
-        }
-      }
-      asm volatile("bar.sync 2, %0;" ::"n"(128 * C::kGroups) : "memory");
-      if (c == 0) {
-#pragma unroll
-        for (int i = 0; i < kAcc / 2; ++i) {
-          sum[kAcc / 2 + i] = __fadd_rn(sum[kAcc / 2 + i], swap[128 * i + t]);
-        }
-      }
-      ReduceJob<C::kGroups>(sum, true, 64 * c, 64 * c, 1.0, 2.0, epilogue.cols, epilogue.j,
-                            red, parity, g2, trace, maxabs);
-    } else {
-      ReduceJob<C::kGroups>(sum, epilogue.diag, row0, col0, weight, weight, epilogue.cols,
-                            epilogue.j, red, parity, g2, trace, maxabs);
-    }
-    parity ^= 1;
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) sum[i] = 0.0f;
-  };
   for (int j = blockIdx.x; j < num_jobs; j += gridDim.x) {
     const FusedJobV2 job = jobs[j];
     const int cols = mats[job.matrix].cols;
@@ -872,6 +827,9 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     const bool diag = job.diagonal != 0;
     const bool one_tile = diag || kMode == kProbeBIsA;
     const bool diag_blocks = kBlocks && diag;
+    float sum[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) sum[i] = 0.0f;
     auto free_slot = [&] {
       if (lane == 0) MbarArrive(ring_empty0 + 8 * done);
       if (++done == L::kRingSlots) done = 0;
@@ -975,6 +933,34 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
       }
     };
     float inv0 = 1.0f, inv1 = 1.0f;
+    auto reduce_job = [&](float (&sums)[kAcc]) {
+      if (diag_blocks) {
+        // Warpgroup 1's sums of block (0,1) into warpgroup 0's (the
+        // barrier at the end of ReduceJob keeps warpgroup 1 from writing
+        // the next job's before these are read).
+        float* swap = reinterpret_cast<float*>(base + L::kSwapOffset);
+        const int t = threadIdx.x % 128;
+        if (c == 1) {
+#pragma unroll
+          for (int i = 0; i < kAcc / 2; ++i) {
+            swap[128 * i + t] = sums[kAcc / 2 + i];
+            sums[kAcc / 2 + i] = 0.0f;
+          }
+        }
+        asm volatile("bar.sync 2, %0;" ::"n"(128 * C::kGroups) : "memory");
+        if (c == 0) {
+#pragma unroll
+          for (int i = 0; i < kAcc / 2; ++i) {
+            sums[kAcc / 2 + i] = __fadd_rn(sums[kAcc / 2 + i], swap[128 * i + t]);
+          }
+        }
+        ReduceJob<C::kGroups>(sums, diag, 64 * c, 64 * c, 1.0, 2.0, cols, j, red, parity, g2,
+                              trace, maxabs);
+        return;
+      }
+      ReduceJob<C::kGroups>(sums, diag, row0, col0, weight, weight, cols, j, red, parity, g2,
+                            trace, maxabs);
+    };
     // One step: unit u runs in `run`, unit u + 1 (< units) goes into
     // `nxt`, then u is retired.
     auto step = [&](bool blocks, float (&run)[kAcc], float run_inv, float (&nxt)[kAcc],
@@ -983,33 +969,30 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
       WgmmaWait<1>();
       retire(run, run_inv, u);
     };
-    const Epilogue this_job{true, diag, diag_blocks, j, cols};
     if constexpr (kMode == kProbeLoadOnly) {
-      finish_job();
       for (int s = 0; s < slices; ++s) {
         prepare();
         free_slot();
       }
-      epilogue = this_job;
+      reduce_job(sum);
+      parity ^= 1;
       continue;
     }
     if constexpr (L::kF32) {
       // One accumulator set: each slice is added once its wgmma are done.
-      // (The epilogue at once: beside the first unit, ptxas spills.)
       for (int u = 0; u < units; ++u) {
         issue_unit(false, part0, inv0, u);
         WgmmaWait<0>();
         retire(part0, inv0, u);
       }
-      epilogue = this_job;
-      finish_job();
+      reduce_job(sum);
+      parity ^= 1;
       continue;
     }
     // The units' pipeline; `blocks`: a diagonal job as 64 x 64 blocks (one
     // copy of the pipeline per kind of job, each with its own arrays).
     auto run_units = [&](bool blocks, float (&p0)[kAcc], float (&p1)[kAcc]) {
       issue_unit(blocks, p0, inv0, 0);
-      finish_job();  // the previous job's
       // A fixed pair structure, so that each wgmma names one accumulator
       // array (else ptxas serializes them: warning C7514).
       int u = 0;
@@ -1032,9 +1015,9 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     } else {
       run_units(false, part0, part1);
     }
-    epilogue = this_job;
+    reduce_job(sum);
+    parity ^= 1;
   }
-  finish_job();
 #endif  // RVD_FUSED_V4_DEVICE
 }
 
