@@ -387,6 +387,7 @@ struct Contender {
   fused_v4::Mode v4_mode;  // kLive: the live kernel; else a probe
   bool exact;
   bool prev = false;  // v4 at an earlier revision (scripts/v4_prev.sh)
+  bool no_finalize = false;  // the kernel alone (a probe: no PR)
 };
 constexpr Contender kContenders[] = {
     {"v3", FusedKernel::kV3, fused_v4::kLive, true},
@@ -396,6 +397,7 @@ constexpr Contender kContenders[] = {
     {"v4-prev", FusedKernel::kV4, fused_v4::kLive, true, true},
 #endif
     {"v4-chain1", FusedKernel::kV4, fused_v4::kProbeChain1, true},
+    {"v4-nofin", FusedKernel::kV4, fused_v4::kLive, false, false, true},
     {"v4-b=a", FusedKernel::kV4, fused_v4::kProbeBIsA, false},
     {"v4-noload", FusedKernel::kV4, fused_v4::kProbeNoLoad, false},
     {"v4-retire1", FusedKernel::kV4, fused_v4::kProbeRetire1, false},
@@ -413,6 +415,10 @@ cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_
     return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
   }
 #endif
+  if (v.no_finalize) {
+    return LaunchFusedV4(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs, false, f.g2, f.tr, f.mx,
+                         s);
+  }
   if (v.v4_mode == fused_v4::kLive) return RunPrepared(f, s);
   const cudaError_t e =
       LaunchFusedV4Probe(v.v4_mode, f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs,

@@ -109,19 +109,30 @@ __device__ float BlockMax(float v) {
   return s;
 }
 
+// One warp per matrix: lane l sums jobs l, l + 32, ... of the matrix, then
+// a fixed xor tree (the same bits on every run). (One thread per matrix
+// waited for each job's loads in turn.)
 __global__ void FinalizeKernel(const MatrixDesc* mats, const int32_t* job_begin,
                                int num_matrices, const double* g2,
                                const double* trace, const float* maxabs,
                                double* pr, int32_t* status) {
-  const int m = blockIdx.x * blockDim.x + threadIdx.x;
-  if (m >= num_matrices) return;
+  const int m = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (m >= num_matrices) return;  // whole warps
   double g = 0.0, t = 0.0;
   float mx = 0.0f;
-  for (int j = job_begin[m]; j < job_begin[m + 1]; ++j) {
+  for (int j = job_begin[m] + lane; j < job_begin[m + 1]; j += 32) {
     g += g2[j];
     t += trace[j];
     mx = fmaxf(mx, maxabs[j]);
   }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    g += __shfl_xor_sync(0xffffffffu, g, o);
+    t += __shfl_xor_sync(0xffffffffu, t, o);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  }
+  if (lane != 0) return;
   const MatrixDesc d = mats[m];
   if (!isfinite(t)) {
     // NaN or Inf in the matrix (then t is NaN, or mx is Inf or NaN); or,
@@ -237,8 +248,8 @@ cudaError_t LaunchFinalize(const MatrixDesc* mats, const int32_t* job_begin,
                            const double* trace, const float* maxabs,
                            double* pr, int32_t* status, cudaStream_t stream) {
   if (num_matrices <= 0) return cudaSuccess;
-  const int threads = 128;
-  FinalizeKernel<<<(num_matrices + threads - 1) / threads, threads, 0,
+  const int threads = 128;  // 4 matrices per block
+  FinalizeKernel<<<(num_matrices * 32 + threads - 1) / threads, threads, 0,
                    stream>>>(mats, job_begin, num_matrices, g2, trace, maxabs,
                              pr, status);
   return cudaGetLastError();
