@@ -203,6 +203,7 @@ struct FusedPrepared {
   int32_t* st = nullptr;
   int num_jobs = 0, m = 0;
   bool offdiag = false;
+  bool finished = false;  // the kernel writes every PR (FusedV4FinishesMatrix)
   DType dtype = DType::kF32;
   ~FusedPrepared() { cudaFree(dev); }
 };
@@ -226,6 +227,7 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
              : ChooseFusedKernel(prop.major, prop.minor, views[0].dtype, views[0].rows,
                                  views[0].cols, descs[0].aligned != 0);
   f->kernel = kernel;
+  f->finished = FusedV4FinishesMatrix(kernel, descs[0].n);
   std::vector<FusedJob> jobs;
   std::vector<FusedJobV2> jobs2;
   std::vector<int32_t> jb;
@@ -294,10 +296,10 @@ cudaError_t RunPrepared(const FusedPrepared& f, cudaStream_t s) {
     case FusedKernel::kV4:
     case FusedKernel::kV4Triangle:
       e = LaunchFusedV4(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs,
-                        f.kernel == FusedKernel::kV4Triangle, f.g2, f.tr, f.mx, s);
+                        f.kernel == FusedKernel::kV4Triangle, f.g2, f.tr, f.mx, f.pr, f.st, s);
       break;
   }
-  if (e != cudaSuccess) return e;
+  if (e != cudaSuccess || f.finished) return e;
   return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
 }
 
@@ -417,7 +419,7 @@ cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_
 #endif
   if (v.no_finalize) {
     return LaunchFusedV4(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs, false, f.g2, f.tr, f.mx,
-                         s);
+                         nullptr, nullptr, s);
   }
   if (v.v4_mode == fused_v4::kLive) return RunPrepared(f, s);
   const cudaError_t e =

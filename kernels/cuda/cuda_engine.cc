@@ -498,16 +498,25 @@ class Runner {
         case FusedKernel::kV4Triangle:
           RVD_CUDA_RETURN_IF_ERROR(launch4(dt, d_maps, d_desc, d_jobs2 + l0, j1 - j0,
                                            k == FusedKernel::kV4Triangle, g2, tr, mx,
+                                           At<double>(w, o_pr), At<int32_t>(w, o_st),
                                            ctx.stream));
           break;
       }
       fused_served_[FusedCountKey(FusedPolicyOf(k))] += static_cast<int64_t>(s1 - s0);
       s0 = s1;
     }
-    RVD_CUDA_RETURN_IF_ERROR(LaunchFinalize(
-        d_desc, At<int32_t>(w, o_jb), static_cast<int>(m), At<double>(w, o_g2),
-        At<double>(w, o_tr), At<float>(w, o_mx), At<double>(w, o_pr),
-        At<int32_t>(w, o_st), ctx.stream));
+    // A call whose matrices fused v4 finishes in the kernel needs no
+    // finalize.
+    bool finished = true;
+    for (size_t s = 0; s < m; ++s) {
+      finished &= FusedV4FinishesMatrix(kernel[ctx.order[s]], descs[s].n);
+    }
+    if (!finished) {
+      RVD_CUDA_RETURN_IF_ERROR(LaunchFinalize(
+          d_desc, At<int32_t>(w, o_jb), static_cast<int>(m), At<double>(w, o_g2),
+          At<double>(w, o_tr), At<float>(w, o_mx), At<double>(w, o_pr),
+          At<int32_t>(w, o_st), ctx.stream));
+    }
     return Download(ctx, At<double>(w, o_pr), At<int32_t>(w, o_st), m);
   }
 

@@ -54,9 +54,11 @@ cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map) {
 
 cudaError_t LaunchFusedV4(DType dtype, const void* maps, const MatrixDesc* mats,
                           const FusedJobV2* jobs, int num_jobs, bool triangle, double* g2,
-                          double* trace, float* maxabs, cudaStream_t stream) {
+                          double* trace, float* maxabs, double* pr, int32_t* status,
+                          cudaStream_t stream) {
   return fused_v4::LaunchFusedV4Dispatch<fused_v4::kLive>(dtype, maps, mats, jobs, num_jobs,
-                                                          triangle, g2, trace, maxabs, stream);
+                                                          triangle, g2, trace, maxabs, pr,
+                                                          status, stream);
 }
 
 }  // namespace rvd::cuda

@@ -71,6 +71,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/finalize.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch_policy.h"
 
@@ -410,7 +411,8 @@ template <int kGroups, int kAcc>
 __device__ __forceinline__ void ReduceJob(const float (&sum)[kAcc], bool diag, int row0, int col0,
                                           double weight, double upper_weight, int k, int j,
                                           double* red, int parity, double* g2, double* trace,
-                                          float* maxabs) {
+                                          float* maxabs, const MatrixDesc& desc, double* pr,
+                                          int32_t* status) {
   constexpr int kWarps = 4 * kGroups;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   double g = 0.0, gu = 0.0, t = 0.0;
@@ -450,7 +452,8 @@ __device__ __forceinline__ void ReduceJob(const float (&sum)[kAcc], bool diag, i
       const float d = static_cast<float>(slot[3 * w + 2]);
       bd = (d > bd || d != d) ? d : bd;
     }
-    g2[j] = diag ? bg : 2.0 * bg;
+    const double g = diag ? bg : 2.0 * bg;
+    g2[j] = g;
     trace[j] = bt;
     float mx = 0.0f;
     if (diag) {
@@ -461,6 +464,9 @@ __device__ __forceinline__ void ReduceJob(const float (&sum)[kAcc], bool diag, i
       }
     }
     maxabs[j] = mx;
+    // The matrix's only job: its PR here (pr, status: the matrix's, or
+    // null), not in a finalize kernel.
+    if (pr != nullptr) FinalizeMatrix(desc, g, bt, mx, pr, status);
   }
 }
 
@@ -732,7 +738,7 @@ template <typename T, int kMode, bool kTriangle>
 __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     FusedV4Kernel(const CUtensorMap* maps, const MatrixDesc* mats,
                   const FusedJobV2* jobs, int num_jobs, double* g2, double* trace,
-                  float* maxabs) {
+                  float* maxabs, double* pr, int32_t* status) {
 #ifdef RVD_FUSED_V4_DEVICE
   using L = Layout<T, kTriangle>;
   using R = Registers<T, kTriangle>;
@@ -819,10 +825,15 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
   float part0[kAcc], part1[kAcc];
   for (int j = blockIdx.x; j < num_jobs; j += gridDim.x) {
     const FusedJobV2 job = jobs[j];
-    const int cols = mats[job.matrix].cols;
+    const MatrixDesc desc = mats[job.matrix];
+    const int cols = desc.cols;
     const int slices = (cols + kSliceK - 1) / kSliceK;
     const int chain =
-        !L::kF32 && kMode != kProbeChain1 && mats[job.matrix].n > kTile ? kLargeChainSlices : 1;
+        !L::kF32 && kMode != kProbeChain1 && desc.n > kTile ? kLargeChainSlices : 1;
+    // The matrix's only job (Gram side <= 128): its PR from this block.
+    const bool whole = pr != nullptr && desc.n <= kTile;
+    double* const job_pr = whole ? pr + job.matrix : nullptr;
+    int32_t* const job_status = whole ? status + job.matrix : nullptr;
     const int units = (slices + chain - 1) / chain;
     const bool diag = job.diagonal != 0;
     const bool one_tile = diag || kMode == kProbeBIsA;
@@ -955,11 +966,11 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
           }
         }
         ReduceJob<C::kGroups>(sums, diag, 64 * c, 64 * c, 1.0, 2.0, cols, j, red, parity, g2,
-                              trace, maxabs);
+                              trace, maxabs, desc, job_pr, job_status);
         return;
       }
       ReduceJob<C::kGroups>(sums, diag, row0, col0, weight, weight, cols, j, red, parity, g2,
-                            trace, maxabs);
+                            trace, maxabs, desc, job_pr, job_status);
     };
     // One step: unit u runs in `run`, unit u + 1 (< units) goes into
     // `nxt`, then u is retired.
@@ -1024,7 +1035,7 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
 template <typename T, int kMode, bool kTriangle>
 cudaError_t LaunchFusedV4Shape(const void* maps, const MatrixDesc* mats, const FusedJobV2* jobs,
                                int num_jobs, double* g2, double* trace, float* maxabs,
-                               cudaStream_t stream) {
+                               double* pr, int32_t* status, cudaStream_t stream) {
   if (num_jobs <= 0) return cudaSuccess;
   auto* kernel = FusedV4Kernel<T, kMode, kTriangle>;
   constexpr int smem = Layout<T, kTriangle>::kSmemBytes;
@@ -1036,43 +1047,44 @@ cudaError_t LaunchFusedV4Shape(const void* maps, const MatrixDesc* mats, const F
   if (e != cudaSuccess) return e;
   const int grid = num_jobs < sms ? num_jobs : sms;
   kernel<<<grid, Layout<T, kTriangle>::kThreads, smem, stream>>>(
-      static_cast<const CUtensorMap*>(maps), mats, jobs, num_jobs, g2, trace, maxabs);
+      static_cast<const CUtensorMap*>(maps), mats, jobs, num_jobs, g2, trace, maxabs, pr, status);
   return cudaGetLastError();
 }
 
 // `triangle`: the launch's jobs are all diagonal, of 16-bit Grams of side
-// <= 128 (FusedKernel::kV4Triangle): three consumer warpgroups.
+// <= 128 (FusedKernel::kV4Triangle): three consumer warpgroups. `pr`,
+// `status` (or null): where the matrices served in one job get their PR.
 template <typename T, int kMode>
 cudaError_t LaunchFusedV4T(const void* maps, const MatrixDesc* mats, const FusedJobV2* jobs,
                            int num_jobs, bool triangle, double* g2, double* trace,
-                           float* maxabs, cudaStream_t stream) {
+                           float* maxabs, double* pr, int32_t* status, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, float>) {
     if (triangle) return cudaErrorInvalidValue;
     return LaunchFusedV4Shape<T, kMode, false>(maps, mats, jobs, num_jobs, g2, trace, maxabs,
-                                               stream);
+                                               pr, status, stream);
   } else {
     return triangle ? LaunchFusedV4Shape<T, kMode, true>(maps, mats, jobs, num_jobs, g2, trace,
-                                                         maxabs, stream)
+                                                         maxabs, pr, status, stream)
                     : LaunchFusedV4Shape<T, kMode, false>(maps, mats, jobs, num_jobs, g2,
-                                                          trace, maxabs, stream);
+                                                          trace, maxabs, pr, status, stream);
   }
 }
 
 template <int kMode>
 cudaError_t LaunchFusedV4Dispatch(DType dtype, const void* maps, const MatrixDesc* mats,
                                   const FusedJobV2* jobs, int num_jobs, bool triangle,
-                                  double* g2, double* trace, float* maxabs,
-                                  cudaStream_t stream) {
+                                  double* g2, double* trace, float* maxabs, double* pr,
+                                  int32_t* status, cudaStream_t stream) {
   switch (dtype) {
     case DType::kBF16:
       return LaunchFusedV4T<__nv_bfloat16, kMode>(maps, mats, jobs, num_jobs, triangle, g2,
-                                                  trace, maxabs, stream);
+                                                  trace, maxabs, pr, status, stream);
     case DType::kF16:
       return LaunchFusedV4T<__half, kMode>(maps, mats, jobs, num_jobs, triangle, g2, trace,
-                                           maxabs, stream);
+                                           maxabs, pr, status, stream);
     case DType::kF32:
       return LaunchFusedV4T<float, kMode>(maps, mats, jobs, num_jobs, triangle, g2, trace,
-                                          maxabs, stream);
+                                          maxabs, pr, status, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -15,7 +15,7 @@ cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const void* map
 #define RVD_V4_PROBE(m)                                                                  \
   case v4::m:                                                                            \
     return v4::LaunchFusedV4Dispatch<v4::m>(dtype, maps, mats, jobs, num_jobs, triangle, g2, \
-                                            trace, maxabs, stream)
+                                            trace, maxabs, nullptr, nullptr, stream)
     RVD_V4_PROBE(kProbeBIsA);
     RVD_V4_PROBE(kProbeNoLoad);
     RVD_V4_PROBE(kProbeLoadOnly);
@@ -24,15 +24,15 @@ cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const void* map
     case v4::kProbeChain1:  // 16-bit only
       if (f32) return cudaErrorInvalidValue;
       return v4::LaunchFusedV4Dispatch<v4::kProbeChain1>(dtype, maps, mats, jobs, num_jobs,
-                                                         triangle, g2, trace, maxabs, stream);
+                                                         triangle, g2, trace, maxabs, nullptr, nullptr, stream);
     case v4::kProbeNoConvert:
       if (!f32) return cudaErrorInvalidValue;
       return v4::LaunchFusedV4T<float, v4::kProbeNoConvert>(maps, mats, jobs, num_jobs, triangle,
-                                                            g2, trace, maxabs, stream);
+                                                            g2, trace, maxabs, nullptr, nullptr, stream);
     case v4::kProbeMmaOnly:
       if (!f32) return cudaErrorInvalidValue;
       return v4::LaunchFusedV4T<float, v4::kProbeMmaOnly>(maps, mats, jobs, num_jobs, triangle,
-                                                          g2, trace, maxabs, stream);
+                                                          g2, trace, maxabs, nullptr, nullptr, stream);
   }
   return cudaErrorInvalidValue;
 }

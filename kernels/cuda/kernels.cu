@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/finalize.cuh"
 #include "kernels/cuda/fused_kernel.cuh"
 #include "kernels/cuda/fused_v2_kernel.cuh"
 #include "kernels/cuda/kernels.h"
@@ -132,34 +133,7 @@ __global__ void FinalizeKernel(const MatrixDesc* mats, const int32_t* job_begin,
     t += __shfl_xor_sync(0xffffffffu, t, o);
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   }
-  if (lane != 0) return;
-  const MatrixDesc d = mats[m];
-  if (!isfinite(t)) {
-    // NaN or Inf in the matrix (then t is NaN, or mx is Inf or NaN); or,
-    // with fused v3's trace from f32 Gram entries (16-bit inputs), the
-    // entries overflowed at finite |w| (t = Inf, mx finite): untrusted, as
-    // any f32 overflow. Exact float64 traces never overflow.
-    pr[m] = nan("");
-    status[m] = isinf(t) && isfinite(mx) ? kStatusUntrusted : kStatusNonFinite;
-    return;
-  }
-  // All zero: no spectrum. (t == 0 with mx > 0: v3's f32 trace underflowed;
-  // the trust test below then fails.)
-  if (t == 0.0 && mx == 0.0f) {
-    pr[m] = 0.0;
-    status[m] = kStatusOk;
-    return;
-  }
-  // f32 Gram entries are trusted when no product can underflow to a
-  // denormal at the largest |w| and no entry (<= k * max^2) can overflow,
-  // and when ||G||^2 lies where a PR in [1, n] puts it.
-  const double mx2 = static_cast<double>(mx) * mx;
-  const double t2 = t * t;
-  const bool trusted = isfinite(g) && g > 0.0 && mx2 >= 1e-30 &&
-                       mx2 * d.k <= 1e36 && g >= t2 / d.n * (1.0 - 1e-4) &&
-                       g <= t2 * (1.0 + 1e-4);
-  pr[m] = trusted ? t2 / g : nan("");
-  status[m] = trusted ? kStatusOk : kStatusUntrusted;
+  if (lane == 0) FinalizeMatrix(mats[m], g, t, mx, pr + m, status + m);
 }
 
 __global__ void StatsKernel(DType dtype, const MatrixDesc* mats, double* trace,

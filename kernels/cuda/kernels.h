@@ -66,13 +66,17 @@ cudaError_t LaunchFusedV2Probe(const MatrixDesc* mats, const FusedJobV2* jobs,
 // matrix index (EncodeFusedV4Map, 64-byte aligned device memory); outputs
 // per job as LaunchFused, except maxabs (sqrt(max_i G_ii / k): see
 // fused_v4_kernel.cuh). `triangle`: the matrices are FusedKernel::kV4Triangle's
-// (16-bit, Gram side <= 128), else kV4's.
+// (16-bit, Gram side <= 128), else kV4's. `pr`, `status` (per matrix index,
+// or null): a matrix of Gram side <= 128 (one job) gets its PR and status
+// from the kernel itself, the same bits as LaunchFinalize's (so a launch of
+// only such matrices needs no finalize).
 inline constexpr int kTensorMapBytes = 128;
 // Host only: writes matrix d's tensor map (d.data a device pointer) to `map`.
 cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map);
 cudaError_t LaunchFusedV4(DType dtype, const void* maps, const MatrixDesc* mats,
                           const FusedJobV2* jobs, int num_jobs, bool triangle, double* g2,
-                          double* trace, float* maxabs, cudaStream_t stream);
+                          double* trace, float* maxabs, double* pr, int32_t* status,
+                          cudaStream_t stream);
 
 namespace fused_v4 {
 // Fused v4's purpose, the kernel's template argument: the product runs
@@ -118,7 +122,7 @@ using FusedV2Launcher = cudaError_t (*)(DType, const MatrixDesc*,
 extern FusedV2Launcher g_fused_v2_mutant_launcher;
 using FusedV4Launcher = cudaError_t (*)(DType, const void*, const MatrixDesc*,
                                         const FusedJobV2*, int, bool, double*, double*,
-                                        float*, cudaStream_t);
+                                        float*, double*, int32_t*, cudaStream_t);
 extern FusedV4Launcher g_fused_v4_mutant_launcher;
 
 // Per matrix m: sums its jobs [job_begin[m], job_begin[m+1]) in job order,

@@ -182,6 +182,12 @@ inline bool IsFusedV4(FusedKernel kernel) {
 FusedKernel ChooseFusedKernel(int sm_major, int sm_minor, DType dtype, int64_t rows,
                               int64_t cols, bool aligned);
 
+// Whether fused v4 writes a matrix's PR itself (LaunchFusedV4's pr): a
+// matrix it serves in one job, Gram side <= 128.
+inline bool FusedV4FinishesMatrix(FusedKernel kernel, int64_t gram_side) {
+  return IsFusedV4(kernel) && gram_side <= kFusedPolicyV4Sm90.block_tile;
+}
+
 // The launch policy of a fused kernel.
 const LaunchPolicy& FusedPolicyOf(FusedKernel kernel);
 
