@@ -693,6 +693,10 @@ int Sustain(cudaStream_t stream, nlohmann::json* out) {
   };
   const std::vector<Run> runs = {
       {{480, 128, 4096, DType::kF32, "sustain"}, {"v4", "v4-prev", "v4", "v4-prev"}},
+      // 3 and 4 whole rounds on 132 SMs: whether the last round of 480 costs
+      // a whole round (s7-9: it does, in isolated calls).
+      {{396, 128, 4096, DType::kF32, "sustain"}, {"v4"}},
+      {{528, 128, 4096, DType::kF32, "sustain"}, {"v4"}},
       {{480, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri"}},
       {{256, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri"}},
       {{32, 1024, 4096, DType::kBF16, "sustain"}, {"v4", "v4-prev", "v4", "v4-prev"}}};
