@@ -700,6 +700,9 @@ int Sustain(cudaStream_t stream, nlohmann::json* out) {
       {{480, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri"}},
       {{256, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri"}},
       {{32, 1024, 4096, DType::kBF16, "sustain"}, {"v4", "v4-prev", "v4", "v4-prev"}}};
+  // Without scripts/v4_prev.sh's copy, "v4-prev" is the live kernel again.
+  const bool have_prev = std::any_of(std::begin(kContenders), std::end(kContenders),
+                                     [](const Contender& k) { return k.prev; });
   enum Mode { kQueued, kSynced, kSpaced };
   const char* const kModeNames[] = {"queued", "synced", "spaced"};
   const double kSeconds[] = {1.5, 0.5, 1.0};
@@ -715,8 +718,6 @@ int Sustain(cudaStream_t stream, nlohmann::json* out) {
     const std::string label = absl::StrCat(c.batch, " x ", c.rows, "x", c.cols, " ",
                                            DTypeName(c.dtype));
     for (const std::string& wanted : run.contenders) {
-      const bool have_prev = std::any_of(std::begin(kContenders), std::end(kContenders),
-                                         [](const Contender& k) { return k.prev; });
       const std::string name = wanted == "v4-prev" && !have_prev ? "v4" : wanted;
       const Contender* v = nullptr;
       for (const Contender& k : kContenders) {

@@ -24,15 +24,16 @@ cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const void* map
     case v4::kProbeChain1:  // 16-bit only
       if (f32) return cudaErrorInvalidValue;
       return v4::LaunchFusedV4Dispatch<v4::kProbeChain1>(dtype, maps, mats, jobs, num_jobs,
-                                                         triangle, g2, trace, maxabs, nullptr, nullptr, stream);
+                                                         triangle, g2, trace, maxabs, nullptr,
+                                                         nullptr, stream);
     case v4::kProbeNoConvert:
       if (!f32) return cudaErrorInvalidValue;
-      return v4::LaunchFusedV4T<float, v4::kProbeNoConvert>(maps, mats, jobs, num_jobs, triangle,
-                                                            g2, trace, maxabs, nullptr, nullptr, stream);
+      return v4::LaunchFusedV4T<float, v4::kProbeNoConvert>(
+          maps, mats, jobs, num_jobs, triangle, g2, trace, maxabs, nullptr, nullptr, stream);
     case v4::kProbeMmaOnly:
       if (!f32) return cudaErrorInvalidValue;
-      return v4::LaunchFusedV4T<float, v4::kProbeMmaOnly>(maps, mats, jobs, num_jobs, triangle,
-                                                          g2, trace, maxabs, nullptr, nullptr, stream);
+      return v4::LaunchFusedV4T<float, v4::kProbeMmaOnly>(
+          maps, mats, jobs, num_jobs, triangle, g2, trace, maxabs, nullptr, nullptr, stream);
   }
   return cudaErrorInvalidValue;
 }
