@@ -205,7 +205,17 @@ struct FusedPrepared {
   bool offdiag = false;
   bool finished = false;  // the kernel writes every PR (FusedV4FinishesMatrix)
   DType dtype = DType::kF32;
+  // v4: the engine's schedule (PlanFusedV4), its workspace, and the same
+  // jobs uncut (the "-whole" contenders).
+  FusedV4Plan plan, whole_plan;
+  float* partials = nullptr;
+  int32_t* tickets = nullptr;
   ~FusedPrepared() { cudaFree(dev); }
+
+  FusedV4Launch V4Launch(bool whole = false) const {
+    return FusedV4Launch{maps, desc, jobs2, whole ? whole_plan : plan, partials, tickets,
+                         kernel == FusedKernel::kV4Triangle, g2, tr, mx, pr, st};
+  }
 };
 
 // One case is one shape and dtype: without `forced`, the kernel the engine
@@ -251,11 +261,19 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
   auto al = [](size_t b) { return (b + 255) / 256 * 256; };
   const size_t job_bytes = wide ? sizeof(FusedJobV2) : sizeof(FusedJob);
   static_assert(sizeof(FusedJobV2) == sizeof(FusedJob), "one job slot size");
+  if (IsFusedV4(kernel)) {
+    const int slices = FusedV4Slices(descs[0].cols);  // one shape per case
+    f->plan = PlanFusedV4(f->num_jobs, prop.multiProcessorCount, slices,
+                          FusedV4TailPieces(kernel, f->dtype));
+    f->whole_plan = PlanFusedV4(f->num_jobs, prop.multiProcessorCount, slices, 1);
+  }
   const size_t sd = al(descs.size() * sizeof(MatrixDesc)), sj = al(nj * job_bytes),
                sb = al(jb.size() * 4), s8 = al(nj * 8), s4 = al(nj * 4),
                m8 = al(views.size() * 8), m4 = al(views.size() * 4),
-               sm = IsFusedV4(kernel) ? al(views.size() * kTensorMapBytes) : 0;
-  BENCH_CHECK(cudaMalloc(&f->dev, sd + sj + sb + 2 * s8 + s4 + m8 + m4 + sm));
+               sm = IsFusedV4(kernel) ? al(views.size() * kTensorMapBytes) : 0,
+               sp = al(FusedV4PartialBytes(f->plan)),
+               st = f->plan.pieces > 1 ? al(kFusedV4MaxTickets * 4) : 0;
+  BENCH_CHECK(cudaMalloc(&f->dev, sd + sj + sb + 2 * s8 + s4 + m8 + m4 + sm + sp + st));
   auto* p = static_cast<uint8_t*>(f->dev);
   f->desc = reinterpret_cast<MatrixDesc*>(p);
   f->jobs = reinterpret_cast<FusedJob*>(p + sd);
@@ -267,6 +285,11 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
   f->pr = reinterpret_cast<double*>(p + sd + sj + sb + 2 * s8 + s4);
   f->st = reinterpret_cast<int32_t*>(p + sd + sj + sb + 2 * s8 + s4 + m8);
   f->maps = p + sd + sj + sb + 2 * s8 + s4 + m8 + m4;
+  if (st > 0) {
+    f->partials = reinterpret_cast<float*>(p + sd + sj + sb + 2 * s8 + s4 + m8 + m4 + sm);
+    f->tickets = reinterpret_cast<int32_t*>(p + sd + sj + sb + 2 * s8 + s4 + m8 + m4 + sm + sp);
+    BENCH_CHECK(cudaMemset(f->tickets, 0, st));
+  }
   BENCH_CHECK(cudaMemcpy(f->desc, descs.data(), descs.size() * sizeof(MatrixDesc), cudaMemcpyHostToDevice));
   if (wide) {
     BENCH_CHECK(cudaMemcpy(f->jobs2, jobs2.data(), nj * sizeof(FusedJobV2), cudaMemcpyHostToDevice));
@@ -295,8 +318,7 @@ cudaError_t RunPrepared(const FusedPrepared& f, cudaStream_t s) {
       break;
     case FusedKernel::kV4:
     case FusedKernel::kV4Triangle:
-      e = LaunchFusedV4(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs,
-                        f.kernel == FusedKernel::kV4Triangle, f.g2, f.tr, f.mx, f.pr, f.st, s);
+      e = LaunchFusedV4(f.dtype, f.V4Launch(), s);
       break;
   }
   if (e != cudaSuccess || f.finished) return e;
@@ -390,11 +412,13 @@ struct Contender {
   bool exact;
   bool prev = false;  // v4 at an earlier revision (scripts/v4_prev.sh)
   bool no_finalize = false;  // the kernel alone (a probe: no PR)
+  bool whole = false;  // the live kernel with no job cut (FusedV4Plan)
 };
 constexpr Contender kContenders[] = {
     {"v3", FusedKernel::kV3, fused_v4::kLive, true},
     {"v4", FusedKernel::kV4, fused_v4::kLive, true},
     {"v4-tri", FusedKernel::kV4Triangle, fused_v4::kLive, true},
+    {"v4-whole", FusedKernel::kV4, fused_v4::kLive, true, false, false, true},
 #ifdef RVD_V4_PREV
     {"v4-prev", FusedKernel::kV4, fused_v4::kLive, true, true},
 #endif
@@ -406,6 +430,7 @@ constexpr Contender kContenders[] = {
     {"v4-noconv", FusedKernel::kV4, fused_v4::kProbeNoConvert, false},
     {"v4-mmaonly", FusedKernel::kV4, fused_v4::kProbeMmaOnly, false},
     {"v4-loadonly", FusedKernel::kV4, fused_v4::kProbeLoadOnly, false},
+    {"v4-nocombine", FusedKernel::kV4, fused_v4::kProbeNoCombine, false},
 };
 
 cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_t s) {
@@ -418,13 +443,18 @@ cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_
   }
 #endif
   if (v.no_finalize) {
-    return LaunchFusedV4(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs, false, f.g2, f.tr, f.mx,
-                         nullptr, nullptr, s);
+    FusedV4Launch l = f.V4Launch();
+    l.pr = nullptr;
+    l.status = nullptr;
+    return LaunchFusedV4(f.dtype, l, s);
+  }
+  if (v.whole) {
+    const cudaError_t e = LaunchFusedV4(f.dtype, f.V4Launch(/*whole=*/true), s);
+    if (e != cudaSuccess || f.finished) return e;
+    return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
   }
   if (v.v4_mode == fused_v4::kLive) return RunPrepared(f, s);
-  const cudaError_t e =
-      LaunchFusedV4Probe(v.v4_mode, f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs,
-                         f.kernel == FusedKernel::kV4Triangle, f.g2, f.tr, f.mx, s);
+  const cudaError_t e = LaunchFusedV4Probe(v.v4_mode, f.dtype, f.V4Launch(), s);
   if (e != cudaSuccess) return e;
   return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
 }
@@ -675,13 +705,14 @@ ErrorStats StatsOf(std::vector<double> err) {
 // the launch: the host's submission time, slow after a sleep, stays out.)
 // Each window is stamped with the wall clock (seconds since the epoch) so
 // that nvidia-smi's clock and power samples (gpu_host_run.sh, smi.csv;
-// bench/smi_align.py) can be placed against it. The f32 and 1024-row
-// cases run the live kernel and "v4-prev" (scripts/v4_prev.sh; the live
-// kernel again without it) alternately, two rounds each: an A-B whose
+// bench/smi_align.py) can be placed against it. The f32 case whose last
+// round is cut (480 jobs) runs the live kernel and "v4-whole" (the same
+// jobs uncut) alternately, two rounds each: an A-B whose
 // blocks are long enough that each kernel runs at its own clock (the --ab
 // rounds are too short for that: the clock is set by their mix). Any
-// contender may take part, probes included (session 6 timed each part of
-// the kernel alone at the power cap that way).
+// contender may take part, probes and "v4-prev" (scripts/v4_prev.sh; the
+// live kernel again without it) included (session 6 timed each part of the
+// kernel alone at the power cap that way).
 int Sustain(cudaStream_t stream, nlohmann::json* out) {
   auto wall = [] {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
@@ -692,14 +723,14 @@ int Sustain(cudaStream_t stream, nlohmann::json* out) {
     std::vector<std::string> contenders;  // kContenders' names
   };
   const std::vector<Run> runs = {
-      {{480, 128, 4096, DType::kF32, "sustain"}, {"v4", "v4-prev", "v4", "v4-prev"}},
-      // 3 and 4 whole rounds on 132 SMs: whether the last round of 480 costs
-      // a whole round (s7-9: it does, in isolated calls).
+      {{480, 128, 4096, DType::kF32, "sustain"}, {"v4", "v4-whole", "v4", "v4-whole"}},
+      // 3 and 4 whole rounds on 132 SMs, what the cut of 480's last round
+      // is measured against (NOTES.md, session 8).
       {{396, 128, 4096, DType::kF32, "sustain"}, {"v4"}},
       {{528, 128, 4096, DType::kF32, "sustain"}, {"v4"}},
       {{480, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri"}},
       {{256, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri"}},
-      {{32, 1024, 4096, DType::kBF16, "sustain"}, {"v4", "v4-prev", "v4", "v4-prev"}}};
+      {{32, 1024, 4096, DType::kBF16, "sustain"}, {"v4"}}};
   // Without scripts/v4_prev.sh's copy, "v4-prev" is the live kernel again.
   const bool have_prev = std::any_of(std::begin(kContenders), std::end(kContenders),
                                      [](const Contender& k) { return k.prev; });
@@ -731,9 +762,14 @@ int Sustain(cudaStream_t stream, nlohmann::json* out) {
       for (int s = 0; s < 3; ++s) {
         if (Prepare(in.sets[s], &prep[s], v->kernel) != 0) return 1;
       }
-      const char* kernel = v->name;
+      // The schedule that ran: "v4 cut 84x3" when the last round's jobs
+      // were cut (FusedV4Plan).
+      const FusedV4Plan& plan = v->whole ? prep[0].whole_plan : prep[0].plan;
+      const std::string kernel =
+          plan.pieces > 1 ? absl::StrCat(v->name, " cut ", plan.cut, "x", plan.pieces)
+                          : std::string(v->name);
       auto launch = [&](int r) { return RunContender(prep[r % 3], *v, stream); };
-      std::printf("%-22s %-30s", label.c_str(), kernel);
+      std::printf("%-22s %-30s", label.c_str(), kernel.c_str());
       for (const Mode mode : {kQueued, kSynced, kSpaced}) {
         const double t0 = wall();
         nlohmann::json series = nlohmann::json::array();

@@ -75,7 +75,7 @@ class Engine {
                                  absl::Span<double> out) = 0;
 
   // Matrices served so far per code path ("variant/kernel", e.g.
-  // "fused/fused-v4-tma-wgmma-bt128s6c8w16d3" on CUDA, "algebraic/cpu-avx512" on
+  // "fused/fused-v4-tma-wgmma-bt128s6c8w16d3p8" on CUDA, "algebraic/cpu-avx512" on
   // CPU), cumulative: the proof of which kernel ran, for /metrics
   // (rvd_engine_matrices_total) and the benchmarks.
   virtual std::map<std::string, int64_t> ServedCounts() const = 0;

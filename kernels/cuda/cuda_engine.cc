@@ -77,6 +77,7 @@ struct Context {
   DeviceBuffer input;   // packed host inputs
   DeviceBuffer shared;  // host ranges that several views share, uploaded once
   DeviceBuffer work;    // descriptors, partial sums, workspaces
+  DeviceBuffer tickets;  // fused v4's cut-job tickets: zeroed once, left zero by the kernel
   PinnedBuffer staging;  // host inputs, packed
   PinnedBuffer up;       // descriptors on their way to the device
   PinnedBuffer down;     // results on their way back
@@ -108,6 +109,14 @@ struct Context {
       RVD_CUDA_RETURN_IF_ERROR(e);
     }
     b.size = want;
+    return absl::OkStatus();
+  }
+
+  absl::Status EnsureTickets() {
+    if (tickets.ptr != nullptr) return absl::OkStatus();
+    absl::Status s = EnsureDevice(tickets, kFusedV4MaxTickets * sizeof(int32_t));
+    if (!s.ok()) return s;
+    RVD_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(tickets.ptr, 0, tickets.size, stream));
     return absl::OkStatus();
   }
 
@@ -162,7 +171,7 @@ struct Context {
     if (stream != nullptr) cudaStreamSynchronize(stream);
     if (cublas != nullptr) cublasDestroy(cublas);
     if (cusolver != nullptr) cusolverDnDestroy(cusolver);
-    for (DeviceBuffer* b : {&input, &shared, &work}) {
+    for (DeviceBuffer* b : {&input, &shared, &work, &tickets}) {
       if (b->ptr != nullptr) {
         cudaFree(b->ptr);
         engine->Uncharge(b->size);
@@ -416,6 +425,31 @@ class Runner {
         job_begin_.push_back(static_cast<int32_t>(jobs_.size() + jobs2_.size()));
       }
     }
+    // One launch per run of matrices with the same (dtype, kernel); v4's
+    // with its schedule, whose partial Grams (a cut plan's) share one region
+    // of the work buffer: the launches run in stream order.
+    struct Run {
+      size_t s0, s1;
+      FusedV4Plan plan;
+    };
+    std::vector<Run> runs;
+    int64_t partial_bytes = 0;
+    for (size_t s0 = 0; s0 < m;) {
+      const FusedKernel k = kernel[ctx.order[s0]];
+      size_t s1 = s0;
+      int min_slices = std::numeric_limits<int>::max();
+      for (; s1 < m && key(ctx.order[s1]) == key(ctx.order[s0]); ++s1) {
+        min_slices = std::min(min_slices, FusedV4Slices(descs[s1].cols));
+      }
+      Run run{s0, s1, {}};
+      if (IsFusedV4(k)) {
+        run.plan = PlanFusedV4(job_begin_[s1] - job_begin_[s0], engine_->sms_, min_slices,
+                               FusedV4TailPieces(k, views[ctx.order[s0]].dtype));
+        partial_bytes = std::max(partial_bytes, FusedV4PartialBytes(run.plan));
+      }
+      runs.push_back(run);
+      s0 = s1;
+    }
     const size_t nj = jobs_.size() + jobs2_.size();
     Layout up;
     const uint64_t o_desc = up.Add(m * sizeof(MatrixDesc));
@@ -429,9 +463,11 @@ class Runner {
     const uint64_t o_mx = work.Add(nj * sizeof(float));
     const uint64_t o_pr = work.Add(m * sizeof(double));
     const uint64_t o_st = work.Add(m * sizeof(int32_t));
+    const uint64_t o_part = work.Add(partial_bytes);
     absl::Status s = ctx.EnsurePinned(ctx.up, up.size());
     if (s.ok()) s = ctx.EnsurePinned(ctx.down, m * (sizeof(double) + sizeof(int32_t)));
     if (s.ok()) s = ctx.EnsureDevice(ctx.work, work.size());
+    if (s.ok() && partial_bytes > 0) s = ctx.EnsureTickets();
     if (!s.ok()) return s;
     std::memcpy(At<void>(ctx.up.ptr, o_desc), descs.data(), m * sizeof(MatrixDesc));
     if (!jobs_.empty()) {
@@ -467,13 +503,10 @@ class Runner {
       launch2 = g_fused_v2_mutant_launcher;
       launch4 = g_fused_v4_mutant_launcher;
     }
-    // One launch per run of matrices with the same (dtype, kernel).
-    size_t s0 = 0;
-    while (s0 < m) {
+    for (const Run& run : runs) {
+      const size_t s0 = run.s0, s1 = run.s1;
       const DType dt = views[ctx.order[s0]].dtype;
       const FusedKernel k = kernel[ctx.order[s0]];
-      size_t s1 = s0;
-      while (s1 < m && key(ctx.order[s1]) == key(ctx.order[s0])) ++s1;
       const int j0 = job_begin_[s0], j1 = job_begin_[s1];
       const int l0 = list_begin[s0];
       double* g2 = At<double>(w, o_g2) + j0;
@@ -495,15 +528,24 @@ class Runner {
               launch2(dt, d_desc, d_jobs2 + l0, j1 - j0, offdiag, g2, tr, mx, ctx.stream));
           break;
         case FusedKernel::kV4:
-        case FusedKernel::kV4Triangle:
-          RVD_CUDA_RETURN_IF_ERROR(launch4(dt, d_maps, d_desc, d_jobs2 + l0, j1 - j0,
-                                           k == FusedKernel::kV4Triangle, g2, tr, mx,
-                                           At<double>(w, o_pr), At<int32_t>(w, o_st),
-                                           ctx.stream));
+        case FusedKernel::kV4Triangle: {
+          const FusedV4Launch l{d_maps,
+                                d_desc,
+                                d_jobs2 + l0,
+                                run.plan,
+                                At<float>(w, o_part),
+                                static_cast<int32_t*>(ctx.tickets.ptr),
+                                k == FusedKernel::kV4Triangle,
+                                g2,
+                                tr,
+                                mx,
+                                At<double>(w, o_pr),
+                                At<int32_t>(w, o_st)};
+          RVD_CUDA_RETURN_IF_ERROR(launch4(dt, l, ctx.stream));
           break;
+        }
       }
       fused_served_[FusedCountKey(FusedPolicyOf(k))] += static_cast<int64_t>(s1 - s0);
-      s0 = s1;
     }
     // A call whose matrices fused v4 finishes in the kernel needs no
     // finalize.
@@ -1066,6 +1108,7 @@ absl::Status CudaEngine::Init() {
   RVD_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options_.device));
   sm_major_ = prop.major;
   sm_minor_ = prop.minor;
+  sms_ = prop.multiProcessorCount;
   if (sm_major_ < 8) {
     return absl::UnavailableError(absl::StrCat(
         "CUDA device ", prop.name, " is sm_", sm_major_, sm_minor_,

@@ -107,6 +107,7 @@ class CudaEngine : public Engine {
   CudaEngineOptions options_;
   std::string version_;
   int sm_major_ = 0, sm_minor_ = 0;
+  int sms_ = 0;  // multiprocessors (fused v4's schedule)
   std::atomic<bool> use_mutant_{false};
 
   mutable absl::Mutex mu_;

@@ -500,6 +500,59 @@ TEST_F(CudaEngineTest, F32ManyJobsPerBlockOddSliceCounts) {
   }
 }
 
+// Fused v4 cuts the jobs of a last round that would leave SMs idle into
+// K-pieces (PlanFusedV4; f32, the policy's tail_pieces_f32), each cut job's
+// partial Grams added in piece order by the block that finishes its last
+// piece. A quarter round after whole rounds: four pieces per cut job. The
+// cut matrices must match the oracle and repeat their bits; the mutant
+// (which adds piece 0 where piece 1 belongs, besides its wrong scales and
+// slices) must miss every one of them but the rank-1 ones, whose pieces'
+// Grams are all multiples of one u u^T (any sum of them has PR 1).
+TEST_F(CudaEngineTest, FusedCutLastRoundMatchesOracle) {
+  if (!V4Runs()) GTEST_SKIP() << "fused v4 needs compute capability 9.0";
+  cudaDeviceProp prop;
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  const int sms = prop.multiProcessorCount;
+  for (const Shape sh : {Shape{128, 1000}, Shape{100, 1000}}) {
+    const int matrices = sms + sms / 4;  // one job each
+    const FusedV4Plan plan =
+        PlanFusedV4(matrices, sms, FusedV4Slices(sh.cols),
+                    FusedV4TailPieces(ChooseFusedKernel(9, 0, DType::kF32, sh.rows, sh.cols,
+                                                        /*aligned=*/true),
+                                      DType::kF32));
+    ASSERT_GT(plan.pieces, 1) << "the case must cut its last round";
+    std::vector<StoredMatrix> suite;
+    for (int i = 0; i < matrices; ++i) {
+      const Spectrum sp = kAllSpectra[i % 4];
+      suite.push_back(Store(MakeMatrix(rng_, sh.rows, sh.cols, sp), sh.rows, sh.cols,
+                            DType::kF32, 0, absl::StrCat(SpectrumName(sp), " #", i)));
+    }
+    const std::string what = absl::StrCat("f32 ", sh.rows, "x", sh.cols, ", the first ",
+                                          plan.cut, " cut in ", plan.pieces);
+    const std::vector<double> ref = Oracle(suite);
+    std::vector<double> out;
+    ExpectExactWithoutFallback(suite, ref, what, &out);
+    if (HasFatalFailure()) return;
+    std::vector<double> again = Poisoned(suite.size());
+    ASSERT_TRUE(engine_->ComputePR(Views(suite), {}, absl::MakeSpan(again)).ok());
+    EXPECT_EQ(std::memcmp(out.data(), again.data(), out.size() * sizeof(double)), 0) << what;
+
+    engine_->UseFusedMutantForTest(true);
+    std::vector<double> bad = Poisoned(suite.size());
+    const absl::Status s = engine_->ComputePR(Views(suite), {}, absl::MakeSpan(bad));
+    engine_->UseFusedMutantForTest(false);
+    if (!s.ok()) {  // a wrong scale overflowed f16 (as in F32ManyJobsPerBlockOddSliceCounts)
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      continue;
+    }
+    for (int i = 0; i < plan.cut; ++i) {
+      if (kAllSpectra[i % 4] == Spectrum::kRankOne) continue;
+      EXPECT_FALSE(WithinTolerance(bad[i], ref[i], kExactPrTolerance))
+          << what << ": the mutant went unnoticed on cut matrix #" << i;
+    }
+  }
+}
+
 TEST_F(CudaEngineTest, MemoryCapIsResourceExhausted) {
   CudaEngineOptions o;
   o.max_device_bytes = 1 << 20;

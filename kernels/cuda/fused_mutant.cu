@@ -33,17 +33,10 @@ cudaError_t LaunchFusedV2Mutant(DType dtype, const MatrixDesc* mats,
       mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, stream);
 }
 
-cudaError_t LaunchFusedV4Mutant(DType dtype, const void* maps, const MatrixDesc* mats,
-                                const FusedJobV2* jobs, int num_jobs, bool triangle, double* g2,
-                                double* trace, float* maxabs, double* pr, int32_t* status,
-                                cudaStream_t stream) {
+cudaError_t LaunchFusedV4Mutant(DType dtype, const FusedV4Launch& launch, cudaStream_t stream) {
   if (dtype == DType::kF16) return cudaErrorNotSupported;  // bf16 and f32 instances
-  if (dtype == DType::kF32) {
-    return fused_v4::LaunchFusedV4T<float, fused_v4::kMutant>(
-        maps, mats, jobs, num_jobs, triangle, g2, trace, maxabs, pr, status, stream);
-  }
-  return fused_v4::LaunchFusedV4T<__nv_bfloat16, fused_v4::kMutant>(
-      maps, mats, jobs, num_jobs, triangle, g2, trace, maxabs, pr, status, stream);
+  if (dtype == DType::kF32) return fused_v4::LaunchFusedV4T<float, fused_v4::kMutant>(launch, stream);
+  return fused_v4::LaunchFusedV4T<__nv_bfloat16, fused_v4::kMutant>(launch, stream);
 }
 
 const bool kRegistered = [] {

@@ -52,13 +52,8 @@ cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map) {
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-cudaError_t LaunchFusedV4(DType dtype, const void* maps, const MatrixDesc* mats,
-                          const FusedJobV2* jobs, int num_jobs, bool triangle, double* g2,
-                          double* trace, float* maxabs, double* pr, int32_t* status,
-                          cudaStream_t stream) {
-  return fused_v4::LaunchFusedV4Dispatch<fused_v4::kLive>(dtype, maps, mats, jobs, num_jobs,
-                                                          triangle, g2, trace, maxabs, pr,
-                                                          status, stream);
+cudaError_t LaunchFusedV4(DType dtype, const FusedV4Launch& launch, cudaStream_t stream) {
+  return fused_v4::LaunchFusedV4Dispatch<fused_v4::kLive>(dtype, launch, stream);
 }
 
 }  // namespace rvd::cuda

@@ -126,11 +126,12 @@ struct Layout {
   static constexpr int kInvOffset = kSetEmptyOffset + 8 * kSets;
   static constexpr int kReduceOffset = kInvOffset + 16;
   // Epilogue partials (2 sets x 3 doubles per warp), then 3 x 8 words of
-  // per-warp maxima (f32's scales).
+  // per-warp maxima (f32's scales), then a cut job's ticket (CombinePieces).
   // Then, for 16-bit square jobs, the second warpgroup's part of a
   // diagonal job's block (0,1) (64 x 64 f32; see the consumers).
-  static constexpr int kSwapOffset =
-      (kReduceOffset + 2 * kMaxConsumerWarps * 24 + 3 * kMaxConsumerWarps * 4 + 64 + 15) / 16 * 16;
+  static constexpr int kTicketOffset =
+      kReduceOffset + 2 * kMaxConsumerWarps * 24 + 3 * kMaxConsumerWarps * 4;
+  static constexpr int kSwapOffset = (kTicketOffset + 64 + 15) / 16 * 16;
   static constexpr int kSwapBytes = !kF32 && !kTriangle ? 64 * 64 * 4 : 0;
   static constexpr int kSmemBytes = 1024 + kSwapOffset + kSwapBytes;
   // Block: the consumers, then one warpgroup (16-bit: its first thread
@@ -188,6 +189,21 @@ static_assert(kTrianglePolicy.block_tile == kTile && kTrianglePolicy.warp_tile =
               kTrianglePolicy.warps * 32 == Layout<__nv_bfloat16, true>::kThreads &&
               kTrianglePolicy.stages == Layout<__nv_bfloat16, true>::kStages &&
               kTrianglePolicy.chain_ksteps == kSliceK / 16);
+
+static_assert(FusedV4Slices(kSliceK + 1) == 2);
+static_assert(Consumers<false>::kAcc * 128 * Consumers<false>::kGroups <= kFusedV4PartialFloats &&
+              Consumers<true>::kAcc * 128 * Consumers<true>::kGroups <= kFusedV4PartialFloats);
+
+// The launch's units (launch_policy.h, FusedV4Plan): jobs 0 .. cut - 1 as
+// `pieces` units each, one per K-range, then the other jobs whole. A
+// piece's partial sums go to `partials` (kFusedV4PartialFloats per piece,
+// in piece order per cut job); `tickets` (one per cut job, zero at launch,
+// left zero) counts the pieces done.
+struct Schedule {
+  int cut, pieces, units;
+  float* partials;
+  int32_t* tickets;
+};
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define RVD_FUSED_V4_DEVICE 1
@@ -365,25 +381,45 @@ __device__ __forceinline__ float WarpMaxKeepNaN(float v) {
   return v;
 }
 
+// Unit u: its job (index and tile), its K-slices [k0, k1) and its piece
+// (-1: the whole job).
+struct Unit {
+  int j, k0, k1, piece;
+  FusedJobV2 job;
+};
+
+__device__ __forceinline__ Unit UnitAt(int u, const Schedule& s, const FusedJobV2* jobs,
+                                       const MatrixDesc* mats) {
+  Unit r;
+  const int pieces = s.cut * s.pieces;
+  r.j = u < pieces ? u / s.pieces : s.cut + (u - pieces);
+  r.piece = u < pieces ? u % s.pieces : -1;
+  r.job = jobs[r.j];
+  const int slices = FusedV4Slices(mats[r.job.matrix].cols);
+  r.k0 = r.piece < 0 ? 0 : PieceBegin(r.piece, s.pieces, slices);
+  r.k1 = r.piece < 0 ? slices : PieceBegin(r.piece + 1, s.pieces, slices);
+  return r;
+}
+
 #endif  // RVD_FUSED_V4_DEVICE
 
 #ifdef RVD_FUSED_V4_DEVICE
 
-// The producer thread: each job's K-slices into the ring, in job order.
+// The producer thread: each unit's K-slices into the ring, in unit order.
 template <typename T, int kMode>
 __device__ __forceinline__ void ProduceSlices(const CUtensorMap* maps, const MatrixDesc* mats,
-                                              const FusedJobV2* jobs, int num_jobs,
+                                              const FusedJobV2* jobs, const Schedule& sched,
                                               uint32_t tiles, uint32_t full0, uint32_t empty0) {
   using L = Layout<T>;
   int stage = 0;
   uint32_t phase = 0;
-  for (int j = blockIdx.x; j < num_jobs; j += gridDim.x) {
-    const FusedJobV2 job = jobs[j];
+  for (int u = blockIdx.x; u < sched.units; u += gridDim.x) {
+    const Unit unit = UnitAt(u, sched, jobs, mats);
+    const FusedJobV2 job = unit.job;
     const CUtensorMap* map = maps + job.matrix;
     AcquireTensorMap(map);
-    const int slices = (mats[job.matrix].cols + kSliceK - 1) / kSliceK;
     const bool one_tile = job.diagonal != 0 || kMode == kProbeBIsA;
-    for (int k = 0; k < slices; ++k) {
+    for (int k = unit.k0; k < unit.k1; ++k) {
       MbarWait(empty0 + 8 * stage, phase ^ 1);
       const uint32_t full = full0 + 8 * stage;
       const uint32_t a = tiles + stage * L::kStageBytes;
@@ -468,6 +504,40 @@ __device__ __forceinline__ void ReduceJob(const float (&sum)[kAcc], bool diag, i
     // null), not in a finalize kernel.
     if (pr != nullptr) FinalizeMatrix(desc, g, bt, mx, pr, status);
   }
+}
+
+// A piece of cut job unit.j is done, its partial sums in `sum`: the
+// consumers store them, and the block that finishes the job's last piece
+// (the ticket) loads every piece's and adds them in piece order into `sum`
+// (returns true: the job's epilogue is this block's; it also sets the
+// ticket back to zero). Stores, fence, barrier, one atomic per block; the
+// loads go to L2 (ld.cg), as CUDA's threadFenceReduction sample. (The
+// mutant adds piece 0 where piece 1 belongs.)
+template <int kMode, int kGroups, int kAcc>
+__device__ __forceinline__ bool CombinePieces(float (&sum)[kAcc], const Unit& unit,
+                                              const Schedule& s, int* ticket) {
+  constexpr int kThreads = 128 * kGroups;
+  const int t = threadIdx.x;
+  const int cut = unit.j;
+  float* const first = s.partials + static_cast<size_t>(cut) * s.pieces * kFusedV4PartialFloats;
+  float* const mine = first + unit.piece * kFusedV4PartialFloats;
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) __stcg(mine + i * kThreads + t, sum[i]);
+  __threadfence();
+  asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
+  if (t == 0) *ticket = atomicAdd(s.tickets + cut, 1);
+  asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
+  if (*ticket != s.pieces - 1) return false;
+  __threadfence();
+  if (t == 0) s.tickets[cut] = 0;  // every piece has counted: ready for the next launch
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) sum[i] = __ldcg(first + i * kThreads + t);
+  for (int q = 1; q < s.pieces; ++q) {
+    const float* const piece = first + (kMode == kMutant && q == 1 ? 0 : q) * kFusedV4PartialFloats;
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) sum[i] = __fadd_rn(sum[i], __ldcg(piece + i * kThreads + t));
+  }
+  return true;
 }
 
 // f32: the converter warpgroups split each 128 x 64 tile into f16 hi + lo
@@ -604,31 +674,30 @@ __device__ __forceinline__ float ConvertTile(const float* src, float scale, uint
   return mx;
 }
 
-// This block's K-slices in order: job j's slice k of `slices`, the n-th.
+// This block's K-slices in order: unit u's slice k, the n-th.
 struct SliceCursor {
-  int j, k, slices, n;
-  FusedJobV2 job;
+  int u, k, n;
+  Unit unit;
 
   __device__ __forceinline__ void Start(const FusedJobV2* jobs, const MatrixDesc* mats,
-                                        int num_jobs) {
-    j = blockIdx.x;
-    k = n = 0;
-    Load(jobs, mats, num_jobs);
+                                        const Schedule& sched) {
+    u = blockIdx.x;
+    n = 0;
+    Load(jobs, mats, sched);
   }
   __device__ __forceinline__ void Next(const FusedJobV2* jobs, const MatrixDesc* mats,
-                                       int num_jobs) {
+                                       const Schedule& sched) {
     ++n;
-    if (++k == slices) {
-      k = 0;
-      j += gridDim.x;
-      Load(jobs, mats, num_jobs);
+    if (++k == unit.k1) {
+      u += gridDim.x;
+      Load(jobs, mats, sched);
     }
   }
   __device__ __forceinline__ void Load(const FusedJobV2* jobs, const MatrixDesc* mats,
-                                       int num_jobs) {
-    if (j >= num_jobs) return;
-    job = jobs[j];
-    slices = (mats[job.matrix].cols + kSliceK - 1) / kSliceK;
+                                       const Schedule& sched) {
+    if (u >= sched.units) return;
+    unit = UnitAt(u, sched, jobs, mats);
+    k = unit.k0;
   }
 };
 
@@ -641,7 +710,7 @@ struct SliceCursor {
 // says it is read (so the f32 stages need no `empty` barriers).
 template <int kMode>
 __device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const MatrixDesc* mats,
-                                              const FusedJobV2* jobs, int num_jobs,
+                                              const FusedJobV2* jobs, const Schedule& sched,
                                               uint32_t tiles, const unsigned char* base,
                                               uint32_t full0, uint32_t set_full0,
                                               uint32_t set_empty0, float* set_inv,
@@ -653,26 +722,26 @@ __device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const Mat
   // This group's words of red_max: 4 for ScaleOfTile, 2 x 4 alternating.
   uint32_t* const slots = red_max + 12 * g;
   auto step = [&](SliceCursor& c) {
-    for (int i = 0; i < kConverterGroups; ++i) c.Next(jobs, mats, num_jobs);
+    for (int i = 0; i < kConverterGroups; ++i) c.Next(jobs, mats, sched);
   };
   SliceCursor cur;
-  cur.Start(jobs, mats, num_jobs);
-  for (int i = 0; i < g; ++i) cur.Next(jobs, mats, num_jobs);
+  cur.Start(jobs, mats, sched);
+  for (int i = 0; i < g; ++i) cur.Next(jobs, mats, sched);
   // The copies (converter 0): `load` runs kStages slices ahead of `cur`.
   SliceCursor load = cur;
-  int acquired = -1;  // the job whose tensor map was last acquired
+  int acquired = -1;  // the unit whose tensor map was last acquired
   int last_matrix = -1;
   auto issue_load = [&] {
-    if (load.j >= num_jobs) return;
-    int matrix = load.job.matrix;
-    // (The f32 mutant reads a job's first slice from the matrix of the
-    // block's job before it.)
-    if (kMode == kMutant && load.k == 0 && last_matrix >= 0) matrix = last_matrix;
-    last_matrix = load.job.matrix;
+    if (load.u >= sched.units) return;
+    int matrix = load.unit.job.matrix;
+    // (The f32 mutant reads a unit's first slice from the matrix of the
+    // block's unit before it.)
+    if (kMode == kMutant && load.k == load.unit.k0 && last_matrix >= 0) matrix = last_matrix;
+    last_matrix = load.unit.job.matrix;
     const CUtensorMap* map = maps + matrix;
-    if (load.j != acquired) {
+    if (load.u != acquired) {
       AcquireTensorMap(map);
-      acquired = load.j;
+      acquired = load.u;
     }
     const int stage = load.n % L::kStages;
     const uint32_t full = full0 + 8 * stage;
@@ -680,7 +749,8 @@ __device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const Mat
       MbarArrive(full);
     } else {
       MbarArriveExpectTx(full, L::kTileBytes);
-      TmaLoadTile(tiles + stage * L::kStageBytes, map, load.k * kSliceK, load.job.row0, full);
+      TmaLoadTile(tiles + stage * L::kStageBytes, map, load.k * kSliceK, load.unit.job.row0,
+                  full);
     }
     step(load);
   };
@@ -688,9 +758,9 @@ __device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const Mat
     for (int i = 0; i < L::kStages / kConverterGroups; ++i) issue_load();
   }
   int converted = 0;
-  int scaled_job = -1;               // the job of next_scale
+  int scaled_unit = -1;              // the unit of next_scale
   TileScale next_scale{1.0f, 1.0f};  // the group's last slice's exact scale
-  for (; cur.j < num_jobs; step(cur)) {
+  for (; cur.u < sched.units; step(cur)) {
     const int stage = cur.n % L::kStages, set = cur.n % L::kSets;
     MbarWait(full0 + 8 * stage, (cur.n / L::kStages) & 1);
     MbarWait(set_empty0 + 8 * set, ((cur.n / L::kSets) & 1) ^ 1);
@@ -708,11 +778,11 @@ __device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const Mat
     };
     float inv = 1.0f;
     if constexpr (kMode != kProbeNoConvert && kMode != kProbeMmaOnly) {
-      const bool exact = cur.j != scaled_job;
+      const bool exact = cur.u != scaled_unit;
       TileScale ts = exact ? ScaleOfTile(src, ct, g, slots) : next_scale;
       const uint32_t mx = convert(ts);
       next_scale = ExactScale(mx);
-      scaled_job = cur.j;
+      scaled_unit = cur.u;
       // (The f32 mutant keeps a scale that does not fit.)
       if (!exact && kMode != kMutant && !ScaleFits(mx, ts.scale)) {  // uniform
         // (Converting again rewrites the same maxima into the slot.)
@@ -736,9 +806,9 @@ __device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const Mat
 
 template <typename T, int kMode, bool kTriangle>
 __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
-    FusedV4Kernel(const CUtensorMap* maps, const MatrixDesc* mats,
-                  const FusedJobV2* jobs, int num_jobs, double* g2, double* trace,
-                  float* maxabs, double* pr, int32_t* status) {
+    FusedV4Kernel(const CUtensorMap* maps, const MatrixDesc* mats, const FusedJobV2* jobs,
+                  Schedule sched, double* g2, double* trace, float* maxabs, double* pr,
+                  int32_t* status) {
 #ifdef RVD_FUSED_V4_DEVICE
   using L = Layout<T, kTriangle>;
   using R = Registers<T, kTriangle>;
@@ -754,6 +824,7 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
   float* const set_inv = reinterpret_cast<float*>(base + L::kInvOffset);
   double* const red = reinterpret_cast<double*>(base + L::kReduceOffset);
   uint32_t* const red_max = reinterpret_cast<uint32_t*>(red + 2 * kMaxConsumerWarps * 3);
+  int* const ticket = reinterpret_cast<int*>(base + L::kTicketOffset);
 
   const int warp = threadIdx.x / 32;  // consumers 0 .. 7, then the third warpgroup(s)
   const int lane = threadIdx.x % 32;
@@ -773,10 +844,10 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
   if (warp >= C::kWarps) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R::kThird));
     if constexpr (L::kF32) {
-      ConvertSlices<kMode>(maps, mats, jobs, num_jobs, tiles, base, full0, set_full0, set_empty0,
+      ConvertSlices<kMode>(maps, mats, jobs, sched, tiles, base, full0, set_full0, set_empty0,
                            set_inv, red_max);
     } else if (warp == C::kWarps && lane == 0) {
-      ProduceSlices<T, kMode>(maps, mats, jobs, num_jobs, tiles, full0, empty0);
+      ProduceSlices<T, kMode>(maps, mats, jobs, sched, tiles, full0, empty0);
     }
     return;
   }
@@ -788,7 +859,7 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
   //
   // 16-bit Grams of side > 128 chain two slices (8 k-steps) per
   // accumulator: half the adds, 5-6% faster on 32 x 1024x4096; 128-row
-  // Grams keep one slice per chain (two were 3-5% slower there: a unit
+  // Grams keep one slice per chain (two were 3-5% slower there: a chain
   // holds two stages). Chosen from the matrix alone, so that a matrix gets
   // the same bits in every launch; max error 5e-7 (run s3-3). f32 chains
   // one slice (each has its own scale).
@@ -807,7 +878,7 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
   // warpgroup 0's through shared memory, and (0,1) counts twice. 3/4 of
   // the square's tensor-core work with the same instruction sequence in
   // both warpgroups; 32 x 1024x4096 bf16 0.2532 -> 0.2497 ms in isolated
-  // calls (H200 run s7-1). The units' pipeline is written out once per kind
+  // calls (H200 run s7-1). The chains' pipeline is written out once per kind
   // of job with its own accumulator arrays: one pipeline choosing the
   // wgmma shape per job, or two sharing the arrays, made ptxas serialize
   // the wgmma (C7511).
@@ -823,18 +894,20 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
   uint32_t next_phase = 0;
   int parity = 0;  // which set of epilogue partials
   float part0[kAcc], part1[kAcc];
-  for (int j = blockIdx.x; j < num_jobs; j += gridDim.x) {
-    const FusedJobV2 job = jobs[j];
+  for (int w = blockIdx.x; w < sched.units; w += gridDim.x) {
+    const Unit unit = UnitAt(w, sched, jobs, mats);
+    const int j = unit.j;
+    const FusedJobV2 job = unit.job;
     const MatrixDesc desc = mats[job.matrix];
     const int cols = desc.cols;
-    const int slices = (cols + kSliceK - 1) / kSliceK;
+    const int slices = unit.k1 - unit.k0;
     const int chain =
         !L::kF32 && kMode != kProbeChain1 && desc.n > kTile ? kLargeChainSlices : 1;
     // The matrix's only job (Gram side <= 128): its PR from this block.
     const bool whole = pr != nullptr && desc.n <= kTile;
     double* const job_pr = whole ? pr + job.matrix : nullptr;
     int32_t* const job_status = whole ? status + job.matrix : nullptr;
-    const int units = (slices + chain - 1) / chain;
+    const int chains = (slices + chain - 1) / chain;
     const bool diag = job.diagonal != 0;
     const bool one_tile = diag || kMode == kProbeBIsA;
     const bool diag_blocks = kBlocks && diag;
@@ -909,20 +982,20 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
         }
       }
     };
-    // Slices in unit u: `chain`, except a first unit of one when the count
+    // Slices in chain u: `chain`, except a first chain of one when the count
     // is odd.
-    auto unit_slices = [&](int u) { return u == 0 && chain * units != slices ? 1 : chain; };
-    // Unit u's slices into `part`, one commit group. Every path from the
+    auto chain_slices = [&](int u) { return u == 0 && chain * chains != slices ? 1 : chain; };
+    // Chain u's slices into `part`, one commit group. Every path from the
     // fence to the commit issues wgmma: on a path without, ptxas adds an
     // empty wgmma group, and the wait for one pending group then waits for
     // the slice just issued (run s3-2).
-    auto issue_unit = [&](bool blocks, float (&part)[kAcc], float& inv, int u) {
+    auto issue_chain = [&](bool blocks, float (&part)[kAcc], float& inv, int u) {
       prepare();
       inv = ready_inv;
       FenceAccumulators(part);
       WgmmaFence();
       issue(blocks, part, true);
-      if (unit_slices(u) == 2) {
+      if (chain_slices(u) == 2) {
         prepare();
         issue(blocks, part, false);
       }
@@ -931,7 +1004,7 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     auto retire = [&](float (&part)[kAcc], float inv, int u) {
       FenceAccumulators(part);
       free_slot();
-      if (unit_slices(u) == 2) free_slot();
+      if (chain_slices(u) == 2) free_slot();
       if constexpr (kMode == kProbeRetire1) {
         // One add keeps every wgmma (ptxas drops those whose results are
         // never read: with no adds at all, 4 of 19 were left, run s3-2).
@@ -972,11 +1045,20 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
       ReduceJob<C::kGroups>(sums, diag, row0, col0, weight, weight, cols, j, red, parity, g2,
                             trace, maxabs, desc, job_pr, job_status);
     };
-    // One step: unit u runs in `run`, unit u + 1 (< units) goes into
+    // The unit's end: a whole job's epilogue, or a piece's partial sums
+    // (CombinePieces; the job's epilogue in the block of its last piece).
+    auto finish = [&] {
+      if (unit.piece < 0 || kMode == kProbeNoCombine ||
+          CombinePieces<kMode, C::kGroups>(sum, unit, sched, ticket)) {
+        reduce_job(sum);
+        parity ^= 1;
+      }
+    };
+    // One step: chain u runs in `run`, chain u + 1 (< chains) goes into
     // `nxt`, then u is retired.
     auto step = [&](bool blocks, float (&run)[kAcc], float run_inv, float (&nxt)[kAcc],
                     float& nxt_inv, int u) {
-      issue_unit(blocks, nxt, nxt_inv, u + 1);
+      issue_chain(blocks, nxt, nxt_inv, u + 1);
       WgmmaWait<1>();
       retire(run, run_inv, u);
     };
@@ -985,33 +1067,31 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
         prepare();
         free_slot();
       }
-      reduce_job(sum);
-      parity ^= 1;
+      finish();
       continue;
     }
     if constexpr (L::kF32) {
       // One accumulator set: each slice is added once its wgmma are done.
-      for (int u = 0; u < units; ++u) {
-        issue_unit(false, part0, inv0, u);
+      for (int u = 0; u < chains; ++u) {
+        issue_chain(false, part0, inv0, u);
         WgmmaWait<0>();
         retire(part0, inv0, u);
       }
-      reduce_job(sum);
-      parity ^= 1;
+      finish();
       continue;
     }
-    // The units' pipeline; `blocks`: a diagonal job as 64 x 64 blocks (one
+    // The chains' pipeline; `blocks`: a diagonal job as 64 x 64 blocks (one
     // copy of the pipeline per kind of job, each with its own arrays).
-    auto run_units = [&](bool blocks, float (&p0)[kAcc], float (&p1)[kAcc]) {
-      issue_unit(blocks, p0, inv0, 0);
+    auto run_chains = [&](bool blocks, float (&p0)[kAcc], float (&p1)[kAcc]) {
+      issue_chain(blocks, p0, inv0, 0);
       // A fixed pair structure, so that each wgmma names one accumulator
       // array (else ptxas serializes them: warning C7514).
       int u = 0;
-      for (; u + 2 < units; u += 2) {
+      for (; u + 2 < chains; u += 2) {
         step(blocks, p0, inv0, p1, inv1, u);
         step(blocks, p1, inv1, p0, inv0, u + 1);
       }
-      if (u + 1 < units) {
+      if (u + 1 < chains) {
         step(blocks, p0, inv0, p1, inv1, u);
         WgmmaWait<0>();
         retire(p1, inv1, u + 1);
@@ -1022,69 +1102,54 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     };
     if (diag_blocks) {
       float q0[kAcc], q1[kAcc];
-      run_units(true, q0, q1);
+      run_chains(true, q0, q1);
     } else {
-      run_units(false, part0, part1);
+      run_chains(false, part0, part1);
     }
-    reduce_job(sum);
-    parity ^= 1;
+    finish();
   }
 #endif  // RVD_FUSED_V4_DEVICE
 }
 
 template <typename T, int kMode, bool kTriangle>
-cudaError_t LaunchFusedV4Shape(const void* maps, const MatrixDesc* mats, const FusedJobV2* jobs,
-                               int num_jobs, double* g2, double* trace, float* maxabs,
-                               double* pr, int32_t* status, cudaStream_t stream) {
-  if (num_jobs <= 0) return cudaSuccess;
+cudaError_t LaunchFusedV4Shape(const FusedV4Launch& l, cudaStream_t stream) {
+  const FusedV4Plan& plan = l.plan;
+  if (plan.units <= 0) return cudaSuccess;
+  const bool cut = plan.pieces > 1;
+  if (cut && (l.partials == nullptr || l.tickets == nullptr ||
+              plan.cut > kFusedV4MaxTickets)) {
+    return cudaErrorInvalidValue;
+  }
+  const Schedule sched{plan.cut, plan.pieces, plan.units, cut ? l.partials : nullptr,
+                       cut ? l.tickets : nullptr};
   auto* kernel = FusedV4Kernel<T, kMode, kTriangle>;
   constexpr int smem = Layout<T, kTriangle>::kSmemBytes;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  const cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  int device = 0, sms = 0;
-  e = cudaGetDevice(&device);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (e != cudaSuccess) return e;
-  const int grid = num_jobs < sms ? num_jobs : sms;
-  kernel<<<grid, Layout<T, kTriangle>::kThreads, smem, stream>>>(
-      static_cast<const CUtensorMap*>(maps), mats, jobs, num_jobs, g2, trace, maxabs, pr, status);
+  kernel<<<plan.grid, Layout<T, kTriangle>::kThreads, smem, stream>>>(
+      static_cast<const CUtensorMap*>(l.maps), l.mats, l.jobs, sched, l.g2, l.trace, l.maxabs,
+      l.pr, l.status);
   return cudaGetLastError();
 }
 
-// `triangle`: the launch's jobs are all diagonal, of 16-bit Grams of side
-// <= 128 (FusedKernel::kV4Triangle): three consumer warpgroups. `pr`,
-// `status` (or null): where the matrices served in one job get their PR.
 template <typename T, int kMode>
-cudaError_t LaunchFusedV4T(const void* maps, const MatrixDesc* mats, const FusedJobV2* jobs,
-                           int num_jobs, bool triangle, double* g2, double* trace,
-                           float* maxabs, double* pr, int32_t* status, cudaStream_t stream) {
+cudaError_t LaunchFusedV4T(const FusedV4Launch& l, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, float>) {
-    if (triangle) return cudaErrorInvalidValue;
-    return LaunchFusedV4Shape<T, kMode, false>(maps, mats, jobs, num_jobs, g2, trace, maxabs,
-                                               pr, status, stream);
+    if (l.triangle) return cudaErrorInvalidValue;
+    return LaunchFusedV4Shape<T, kMode, false>(l, stream);
   } else {
-    return triangle ? LaunchFusedV4Shape<T, kMode, true>(maps, mats, jobs, num_jobs, g2, trace,
-                                                         maxabs, pr, status, stream)
-                    : LaunchFusedV4Shape<T, kMode, false>(maps, mats, jobs, num_jobs, g2,
-                                                          trace, maxabs, pr, status, stream);
+    return l.triangle ? LaunchFusedV4Shape<T, kMode, true>(l, stream)
+                      : LaunchFusedV4Shape<T, kMode, false>(l, stream);
   }
 }
 
 template <int kMode>
-cudaError_t LaunchFusedV4Dispatch(DType dtype, const void* maps, const MatrixDesc* mats,
-                                  const FusedJobV2* jobs, int num_jobs, bool triangle,
-                                  double* g2, double* trace, float* maxabs, double* pr,
-                                  int32_t* status, cudaStream_t stream) {
+cudaError_t LaunchFusedV4Dispatch(DType dtype, const FusedV4Launch& l, cudaStream_t stream) {
   switch (dtype) {
-    case DType::kBF16:
-      return LaunchFusedV4T<__nv_bfloat16, kMode>(maps, mats, jobs, num_jobs, triangle, g2,
-                                                  trace, maxabs, pr, status, stream);
-    case DType::kF16:
-      return LaunchFusedV4T<__half, kMode>(maps, mats, jobs, num_jobs, triangle, g2, trace,
-                                           maxabs, pr, status, stream);
-    case DType::kF32:
-      return LaunchFusedV4T<float, kMode>(maps, mats, jobs, num_jobs, triangle, g2, trace,
-                                          maxabs, pr, status, stream);
+    case DType::kBF16: return LaunchFusedV4T<__nv_bfloat16, kMode>(l, stream);
+    case DType::kF16: return LaunchFusedV4T<__half, kMode>(l, stream);
+    case DType::kF32: return LaunchFusedV4T<float, kMode>(l, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -5,35 +5,33 @@
 
 namespace rvd::cuda {
 
-cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const void* maps,
-                               const MatrixDesc* mats, const FusedJobV2* jobs, int num_jobs,
-                               bool triangle, double* g2, double* trace, float* maxabs,
+cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const FusedV4Launch& launch,
                                cudaStream_t stream) {
   namespace v4 = fused_v4;
   const bool f32 = dtype == DType::kF32;
+  // Probes time the kernel's parts, not its results: no in-kernel PR.
+  FusedV4Launch l = launch;
+  l.pr = nullptr;
+  l.status = nullptr;
   switch (mode) {
-#define RVD_V4_PROBE(m)                                                                  \
-  case v4::m:                                                                            \
-    return v4::LaunchFusedV4Dispatch<v4::m>(dtype, maps, mats, jobs, num_jobs, triangle, g2, \
-                                            trace, maxabs, nullptr, nullptr, stream)
+#define RVD_V4_PROBE(m) \
+  case v4::m:           \
+    return v4::LaunchFusedV4Dispatch<v4::m>(dtype, l, stream)
     RVD_V4_PROBE(kProbeBIsA);
     RVD_V4_PROBE(kProbeNoLoad);
     RVD_V4_PROBE(kProbeLoadOnly);
     RVD_V4_PROBE(kProbeRetire1);
+    RVD_V4_PROBE(kProbeNoCombine);
 #undef RVD_V4_PROBE
     case v4::kProbeChain1:  // 16-bit only
       if (f32) return cudaErrorInvalidValue;
-      return v4::LaunchFusedV4Dispatch<v4::kProbeChain1>(dtype, maps, mats, jobs, num_jobs,
-                                                         triangle, g2, trace, maxabs, nullptr,
-                                                         nullptr, stream);
+      return v4::LaunchFusedV4Dispatch<v4::kProbeChain1>(dtype, l, stream);
     case v4::kProbeNoConvert:
       if (!f32) return cudaErrorInvalidValue;
-      return v4::LaunchFusedV4T<float, v4::kProbeNoConvert>(
-          maps, mats, jobs, num_jobs, triangle, g2, trace, maxabs, nullptr, nullptr, stream);
+      return v4::LaunchFusedV4T<float, v4::kProbeNoConvert>(l, stream);
     case v4::kProbeMmaOnly:
       if (!f32) return cudaErrorInvalidValue;
-      return v4::LaunchFusedV4T<float, v4::kProbeMmaOnly>(
-          maps, mats, jobs, num_jobs, triangle, g2, trace, maxabs, nullptr, nullptr, stream);
+      return v4::LaunchFusedV4T<float, v4::kProbeMmaOnly>(l, stream);
   }
   return cudaErrorInvalidValue;
 }

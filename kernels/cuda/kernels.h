@@ -61,22 +61,33 @@ cudaError_t LaunchFusedV2Probe(const MatrixDesc* mats, const FusedJobV2* jobs,
                                int splits, cudaStream_t stream);
 
 // The fused kernel v4 (sm_90a: TMA + wgmma; fused_v4_kernel.cuh) for the
-// matrices ChooseFusedKernel (launch_policy.h) gives it. Jobs are FusedJobV2 with 128 x 128 tiles
-// (kFusedPolicyV4Sm90); `maps` holds one kTensorMapBytes tensor map per
-// matrix index (EncodeFusedV4Map, 64-byte aligned device memory); outputs
-// per job as LaunchFused, except maxabs (sqrt(max_i G_ii / k): see
-// fused_v4_kernel.cuh). `triangle`: the matrices are FusedKernel::kV4Triangle's
-// (16-bit, Gram side <= 128), else kV4's. `pr`, `status` (per matrix index,
-// or null): a matrix of Gram side <= 128 (one job) gets its PR and status
-// from the kernel itself, the same bits as LaunchFinalize's (so a launch of
-// only such matrices needs no finalize).
+// matrices ChooseFusedKernel (launch_policy.h) gives it. Jobs are FusedJobV2
+// with 128 x 128 tiles (kFusedPolicyV4Sm90), scheduled by a FusedV4Plan.
 inline constexpr int kTensorMapBytes = 128;
+struct FusedV4Launch {
+  const void* maps;  // a kTensorMapBytes tensor map per matrix index (EncodeFusedV4Map),
+                     // 64-byte aligned device memory
+  const MatrixDesc* mats;
+  const FusedJobV2* jobs;
+  FusedV4Plan plan;       // PlanFusedV4 over the jobs
+  float* partials;        // a cut plan's FusedV4PartialBytes of device memory, or null
+  int32_t* tickets;       // a cut plan's kFusedV4MaxTickets int32, zero (left zero), or null
+  bool triangle;          // FusedKernel::kV4Triangle's matrices (16-bit, Gram side <= 128),
+                          // else kV4's
+  // Outputs per job as LaunchFused, except maxabs (sqrt(max_i G_ii / k):
+  // see fused_v4_kernel.cuh).
+  double* g2;
+  double* trace;
+  float* maxabs;
+  // Per matrix index, or null: a matrix of Gram side <= 128 (one job) gets
+  // its PR and status from the kernel itself, the same bits as
+  // LaunchFinalize's (so a launch of only such matrices needs no finalize).
+  double* pr;
+  int32_t* status;
+};
 // Host only: writes matrix d's tensor map (d.data a device pointer) to `map`.
 cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map);
-cudaError_t LaunchFusedV4(DType dtype, const void* maps, const MatrixDesc* mats,
-                          const FusedJobV2* jobs, int num_jobs, bool triangle, double* g2,
-                          double* trace, float* maxabs, double* pr, int32_t* status,
-                          cudaStream_t stream);
+cudaError_t LaunchFusedV4(DType dtype, const FusedV4Launch& launch, cudaStream_t stream);
 
 namespace fused_v4 {
 // Fused v4's purpose, the kernel's template argument: the product runs
@@ -99,15 +110,14 @@ enum Mode : int {
   kProbeNoConvert, // f32: the stages are not converted (wrong)
   kProbeMmaOnly,   // f32: neither loads nor conversion, the consumers' part alone
   kProbeLoadOnly,  // the consumers free each slice without multiplying it
+  kProbeNoCombine, // a cut job's pieces each end as a whole job (no partial sums)
 };
 }  // namespace fused_v4
 
 // Benchmark hook (rvd_bench_gpu --ab; fused_v4_probe.cu, linked into the
 // bench only): v4 in a probe mode. kProbeChain1 is exact, the others wrong
 // on purpose.
-cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const void* maps,
-                               const MatrixDesc* mats, const FusedJobV2* jobs, int num_jobs,
-                               bool triangle, double* g2, double* trace, float* maxabs,
+cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const FusedV4Launch& launch,
                                cudaStream_t stream);
 
 // Test hooks: the mutant launchers (v1 and v2), set by fused_mutant.cu's
@@ -120,9 +130,7 @@ using FusedV2Launcher = cudaError_t (*)(DType, const MatrixDesc*,
                                         const FusedJobV2*, int, bool, double*,
                                         double*, float*, cudaStream_t);
 extern FusedV2Launcher g_fused_v2_mutant_launcher;
-using FusedV4Launcher = cudaError_t (*)(DType, const void*, const MatrixDesc*,
-                                        const FusedJobV2*, int, bool, double*, double*,
-                                        float*, double*, int32_t*, cudaStream_t);
+using FusedV4Launcher = cudaError_t (*)(DType, const FusedV4Launch&, cudaStream_t);
 extern FusedV4Launcher g_fused_v4_mutant_launcher;
 
 // Per matrix m: sums its jobs [job_begin[m], job_begin[m+1]) in job order,

@@ -50,6 +50,35 @@ void AppendFusedJobsV2(int32_t matrix, int64_t side, const LaunchPolicy& p,
   }
 }
 
+FusedV4Plan PlanFusedV4(int jobs, int sms, int min_slices, int tail_pieces) {
+  FusedV4Plan plan;
+  plan.jobs = plan.units = jobs;
+  plan.grid = std::min(jobs, sms);
+  const int tail = plan.grid > 0 ? jobs % plan.grid : 0;
+  if (jobs <= sms || tail == 0) return plan;
+  // The busiest block's share of the tail, in jobs: ceil(tail p / grid) / p.
+  auto share = [&](int p) { return static_cast<double>((tail * p + sms - 1) / sms) / p; };
+  const int most = std::min(tail_pieces, min_slices / kFusedV4MinPieceSlices);
+  int best = 1;
+  for (int p = 2; p <= most; ++p) {
+    if (share(p) < share(best)) best = p;
+  }
+  if (best == 1) return plan;
+  plan.pieces = best;
+  plan.cut = tail;
+  plan.units = jobs - tail + tail * best;
+  return plan;
+}
+
+int FusedV4TailPieces(FusedKernel kernel, DType dtype) {
+  const LaunchPolicy& p = FusedPolicyOf(kernel);
+  return dtype == DType::kF32 ? p.tail_pieces_f32 : p.tail_pieces;
+}
+
+int64_t FusedV4PartialBytes(const FusedV4Plan& plan) {
+  return int64_t{plan.cut} * plan.pieces * kFusedV4PartialFloats * int64_t{sizeof(float)};
+}
+
 int64_t GramSide(int64_t rows, int64_t cols) { return std::min(rows, cols); }
 
 void EnumerateFusedJobs(absl::Span<const int64_t> sides, int block_tile,

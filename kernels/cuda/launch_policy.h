@@ -36,6 +36,8 @@ struct LaunchPolicy {
   int chain_ksteps_f32 = 0;  // the same for f32 inputs; 0: v2's code
   int chain_ksteps_large = 0;  // 16-bit Grams of side > col_tile (v4); 0: chain_ksteps
   int warps_f32 = 0;     // warps per block for f32 inputs (v4); 0: warps
+  int tail_pieces = 1;   // v4: most K-pieces a job of a last round is cut into (16-bit)
+  int tail_pieces_f32 = 1;  // the same for f32 inputs
 };
 
 // sm_90 (H200), the only tuned target. Values and where they came from:
@@ -142,9 +144,14 @@ inline constexpr LaunchPolicy kFusedPolicyV3Sm90{
 // consumers run 8 wgmma per slice. "d3" (session 7): a 16-bit diagonal job
 // multiplies the three 64 x 64 blocks of its upper triangle, not the whole
 // square (32 x 1024x4096 bf16 0.2532 -> 0.2497 ms isolated, H200 s7-1).
-// Measurements: NOTES.md, fused v4; bench/RESULTS.md, sessions 2 to 7.
+// "p8" (session 8): tail_pieces_f32 8, f32 jobs of a last round that would
+// leave SMs idle cut into up to 8 K-pieces (FusedV4Plan): 480 x 128x4096
+// f32 0.3070 -> 0.2966 ms isolated (H200 s8-3). 16-bit launches keep whole
+// jobs (tail_pieces 1): cut, 480 bf16 and the 1024 case were slower (the
+// partial Grams' combining costs more than their shorter last round saves).
+// Measurements: NOTES.md, fused v4; bench/RESULTS.md, sessions 2 to 8.
 inline constexpr LaunchPolicy kFusedPolicyV4Sm90{
-    "fused-v4-tma-wgmma-bt128s6c8w16d3", 128, 12, 64, 128, 6, 2, 128, 1, 6, 4, 4, 8, 16};
+    "fused-v4-tma-wgmma-bt128s6c8w16d3p8", 128, 12, 64, 128, 6, 2, 128, 1, 6, 4, 4, 8, 16, 1, 8};
 
 // v4 for 16-bit Grams of side <= 128 (one diagonal job per matrix): the
 // same ring and producer, and three consumer warpgroups, one per 64 x 64
@@ -214,6 +221,60 @@ struct FusedJobV2 {
 // row tile, its diagonal job, then its off-diagonal column tiles.
 void AppendFusedJobsV2(int32_t matrix, int64_t side, const LaunchPolicy& p,
                        std::vector<FusedJobV2>* jobs);
+
+// Fused v4's schedule of one launch of `jobs` jobs: `grid` persistent
+// blocks take units round-robin. When the jobs would leave blocks idle in
+// their last round, the first `cut` jobs are cut into `pieces` K-ranges
+// each: units 0 .. cut * pieces - 1 are their pieces (job u / pieces,
+// piece u % pieces), the units after them the other jobs whole, in order.
+// The block finishing a cut job's last piece adds the partial Grams in
+// piece order. Cut jobs go first so that this combining (L2 traffic, the
+// consumers waiting) overlaps the blocks' later jobs instead of ending the
+// launch. The plan depends only on the job count, the SM count and the
+// shortest job: the same launch gives the same bits. (A cut matrix's bits
+// differ from its bits alone, within the same error of the oracle.)
+struct FusedV4Plan {
+  int jobs = 0;
+  int grid = 0;
+  int cut = 0;
+  int pieces = 1;
+  int units = 0;
+};
+
+// A cut job's pieces have at least kFusedV4MinPieceSlices K-slices each.
+inline constexpr int kFusedV4MinPieceSlices = 4;
+
+// The plan for `jobs` jobs of at least `min_slices` K-slices each on
+// `sms` SMs: pieces (<= tail_pieces) chosen to make the busiest block's
+// share of the last round's work smallest, the fewest on ties.
+FusedV4Plan PlanFusedV4(int jobs, int sms, int min_slices, int tail_pieces);
+
+// The policy's tail_pieces for a launch of v4 `kernel` on `dtype`.
+int FusedV4TailPieces(FusedKernel kernel, DType dtype);
+
+#ifdef __CUDACC__
+#define RVD_HOST_DEVICE __host__ __device__
+#else
+#define RVD_HOST_DEVICE
+#endif
+// K-slices (64 elements) of a v4 job on a matrix of `cols` columns.
+RVD_HOST_DEVICE constexpr int FusedV4Slices(int64_t cols) {
+  return static_cast<int>((cols + 63) / 64);
+}
+// Piece p of a job of `slices` K-slices cut into `pieces`: slices
+// [PieceBegin(p), PieceBegin(p + 1)).
+RVD_HOST_DEVICE constexpr int PieceBegin(int p, int pieces, int slices) {
+  return static_cast<int>(static_cast<int64_t>(p) * slices / pieces);
+}
+#undef RVD_HOST_DEVICE
+
+// Device memory a plan needs: one 128 x 128 f32 partial Gram per piece of
+// a cut job, and one int32 ticket per cut job (FusedV4Launch).
+inline constexpr int kFusedV4PartialFloats = 128 * 128;
+int64_t FusedV4PartialBytes(const FusedV4Plan& plan);
+// Tickets are never more than the SMs (a cut job is one of the last
+// round's); zeroed once, the kernel leaves them zero.
+inline constexpr int kFusedV4MaxTickets = 1024;
 
 // The Gram's side for a rows x cols matrix: min(rows, cols).
 int64_t GramSide(int64_t rows, int64_t cols);

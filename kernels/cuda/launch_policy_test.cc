@@ -239,5 +239,64 @@ TEST(LaunchPolicy, V2SlotsCoverTheUpperTriangle) {
     for (int g = 0; g < 8; ++g) EXPECT_EQ(seen[i * 8 + g], g >= i ? 1 : 0) << i << "," << g;
 }
 
+// The busiest block's work under a plan, in jobs (round-robin units).
+double BusiestBlock(const FusedV4Plan& p) {
+  std::vector<double> load(p.grid, 0.0);
+  for (int u = 0; u < p.units; ++u) {
+    load[u % p.grid] += u < p.cut * p.pieces ? 1.0 / p.pieces : 1.0;
+  }
+  return *std::max_element(load.begin(), load.end());
+}
+
+TEST(LaunchPolicy, FusedV4PlanCutsOnlyALastRoundThatLeavesBlocksIdle) {
+  // 480 x 128x4096 on 132 SMs: 84 jobs after 3 rounds, cut into thirds.
+  const FusedV4Plan p = PlanFusedV4(480, 132, 64, 8);
+  EXPECT_EQ(p.jobs, 480);
+  EXPECT_EQ(p.grid, 132);
+  EXPECT_EQ(p.cut, 84);
+  EXPECT_EQ(p.pieces, 3);
+  EXPECT_EQ(p.units, 396 + 84 * 3);
+  EXPECT_DOUBLE_EQ(BusiestBlock(p), 3.0 + 2.0 / 3.0);
+  EXPECT_GT(FusedV4PartialBytes(p), 0);
+  // 1152 jobs (32 x 1024x4096): 96 after 8 rounds, in quarters.
+  EXPECT_EQ(PlanFusedV4(1152, 132, 64, 8).pieces, 4);
+  // Nothing to cut: fewer jobs than SMs, whole rounds, a tail no cut
+  // helps (256: 124 of 132), pieces under 4 slices, a policy of 1.
+  for (const FusedV4Plan q : {PlanFusedV4(100, 132, 64, 8), PlanFusedV4(528, 132, 64, 8),
+                              PlanFusedV4(256, 132, 64, 8), PlanFusedV4(480, 132, 7, 8),
+                              PlanFusedV4(480, 132, 64, 1)}) {
+    EXPECT_EQ(q.pieces, 1);
+    EXPECT_EQ(q.cut, 0);
+    EXPECT_EQ(q.units, q.jobs);
+    EXPECT_EQ(FusedV4PartialBytes(q), 0);
+  }
+  EXPECT_EQ(PlanFusedV4(0, 132, 64, 8).units, 0);
+}
+
+TEST(LaunchPolicy, FusedV4PlanNeverLoadsTheBusiestBlockMore) {
+  for (int sms : {1, 7, 132}) {
+    for (int jobs = 1; jobs <= 3 * sms + 5; ++jobs) {
+      for (int slices : {1, 8, 16, 63, 64}) {
+        const FusedV4Plan p = PlanFusedV4(jobs, sms, slices, 8);
+        const FusedV4Plan whole = PlanFusedV4(jobs, sms, slices, 1);
+        ASSERT_EQ(p.grid, std::min(jobs, sms));
+        EXPECT_LE(BusiestBlock(p), BusiestBlock(whole)) << jobs << " on " << sms;
+        EXPECT_EQ(p.units, jobs - p.cut + p.cut * p.pieces);
+        EXPECT_EQ(p.cut == 0, p.pieces == 1);
+        EXPECT_LE(p.cut, std::min(kFusedV4MaxTickets, p.grid));
+        // The pieces tile the job's slices, each at least the minimum.
+        EXPECT_EQ(PieceBegin(0, p.pieces, slices), 0);
+        EXPECT_EQ(PieceBegin(p.pieces, p.pieces, slices), slices);
+        for (int q = 0; p.pieces > 1 && q < p.pieces; ++q) {
+          EXPECT_GE(PieceBegin(q + 1, p.pieces, slices) - PieceBegin(q, p.pieces, slices),
+                    kFusedV4MinPieceSlices);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(FusedV4Slices(4096), 64);
+  EXPECT_EQ(FusedV4Slices(1000), 16);
+}
+
 }  // namespace
 }  // namespace rvd::cuda

@@ -76,7 +76,7 @@ def test_daemon_serves_with_the_cuda_module(tmp_path, backend):
         fused = {p: n for p, n in served.items() if p.startswith("fused/")}
         assert sum(fused.values()) == 80, served
         if "sm90" in out["engine_version"]:
-            assert fused.get("fused/fused-v4-tma-wgmma-bt128s6c8w16d3") == 16, served
+            assert fused.get("fused/fused-v4-tma-wgmma-bt128s6c8w16d3p8") == 16, served
             assert fused.get("fused/fused-v4-triangle-tma-wgmma-3x64s6c4") == 64, served
         assert "served_total=" in d.log_text()
         assert 'backend="cuda"' in next(l for l in metrics.splitlines()
