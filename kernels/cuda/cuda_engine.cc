@@ -380,7 +380,10 @@ class Runner {
   // are contiguous; ctx.order maps result slots back. Job indices (g2,
   // trace, maxabs) run over all kinds of job in matrix order, so the
   // finalize sums each matrix's jobs in order. Which kernel serves a matrix
-  // depends only on the matrix and the device: the same bits in every call.
+  // depends only on the matrix and the device, and a launch's schedule
+  // (FusedV4Plan) only on its job count: the same call gives the same bits.
+  // (A matrix whose job an f32 launch cut into pieces gets other bits than
+  // alone, within the same error.)
   absl::Status EnqueueFused(Context& ctx) {
     const auto& views = ctx.device_views;
     const size_t m = views.size();
