@@ -205,17 +205,16 @@ struct FusedPrepared {
   bool offdiag = false;
   bool finished = false;  // the kernel writes every PR (FusedV4FinishesMatrix)
   DType dtype = DType::kF32;
-  // v4: the engine's schedule (PlanFusedV4), its workspace and tickets (cut
-  // jobs, then matrices), and the same jobs uncut (the "-whole" contenders).
+  // v4: the engine's schedule (PlanFusedV4), its workspace, and the same
+  // jobs uncut (the "-whole" contenders).
   FusedV4Plan plan, whole_plan;
   float* partials = nullptr;
   int32_t* tickets = nullptr;
   ~FusedPrepared() { cudaFree(dev); }
 
   FusedV4Launch V4Launch(bool whole = false) const {
-    const bool triangle = kernel == FusedKernel::kV4Triangle;
     return FusedV4Launch{maps, desc, jobs2, whole ? whole_plan : plan, partials, tickets,
-                         triangle, g2, tr, mx, pr, st, jb, 0, tickets + kFusedV4MaxTickets};
+                         kernel == FusedKernel::kV4Triangle, g2, tr, mx, pr, st};
   }
 };
 
@@ -238,8 +237,7 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
              : ChooseFusedKernel(prop.major, prop.minor, views[0].dtype, views[0].rows,
                                  views[0].cols, descs[0].aligned != 0);
   f->kernel = kernel;
-  f->finished = FusedV4FinishesMatrix(kernel, descs[0].n,
-                                      views.size() <= size_t{kFusedV4MaxMatrixTickets});
+  f->finished = FusedV4FinishesMatrix(kernel, descs[0].n);
   std::vector<FusedJob> jobs;
   std::vector<FusedJobV2> jobs2;
   std::vector<int32_t> jb;
@@ -274,8 +272,7 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
                m8 = al(views.size() * 8), m4 = al(views.size() * 4),
                sm = IsFusedV4(kernel) ? al(views.size() * kTensorMapBytes) : 0,
                sp = al(FusedV4PartialBytes(f->plan)),
-               st = IsFusedV4(kernel) ? al((kFusedV4MaxTickets + kFusedV4MaxMatrixTickets) * 4)
-                                      : 0;
+               st = f->plan.pieces > 1 ? al(kFusedV4MaxTickets * 4) : 0;
   BENCH_CHECK(cudaMalloc(&f->dev, sd + sj + sb + 2 * s8 + s4 + m8 + m4 + sm + sp + st));
   auto* p = static_cast<uint8_t*>(f->dev);
   f->desc = reinterpret_cast<MatrixDesc*>(p);
@@ -733,11 +730,7 @@ int Sustain(cudaStream_t stream, nlohmann::json* out) {
       {{528, 128, 4096, DType::kF32, "sustain"}, {"v4"}},
       {{480, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri"}},
       {{256, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri"}},
-      // The finisher warp's PR (FusedV4Launch::matrix_tickets) against
-      // v4-prev (session 7's kernel and the finalize kernel) and the kernel
-      // without any PR.
-      {{32, 1024, 4096, DType::kBF16, "sustain"},
-       {"v4", "v4-prev", "v4-nofin", "v4", "v4-prev", "v4-nofin"}}};
+      {{32, 1024, 4096, DType::kBF16, "sustain"}, {"v4"}}};
   // Without scripts/v4_prev.sh's copy, "v4-prev" is the live kernel again.
   const bool have_prev = std::any_of(std::begin(kContenders), std::end(kContenders),
                                      [](const Contender& k) { return k.prev; });

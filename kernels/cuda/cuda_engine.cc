@@ -77,8 +77,7 @@ struct Context {
   DeviceBuffer input;   // packed host inputs
   DeviceBuffer shared;  // host ranges that several views share, uploaded once
   DeviceBuffer work;    // descriptors, partial sums, workspaces
-  DeviceBuffer tickets;  // fused v4's tickets (cut jobs, then matrices): zeroed once,
-                         // left zero by the kernel
+  DeviceBuffer tickets;  // fused v4's cut-job tickets: zeroed once, left zero by the kernel
   PinnedBuffer staging;  // host inputs, packed
   PinnedBuffer up;       // descriptors on their way to the device
   PinnedBuffer down;     // results on their way back
@@ -115,8 +114,7 @@ struct Context {
 
   absl::Status EnsureTickets() {
     if (tickets.ptr != nullptr) return absl::OkStatus();
-    absl::Status s = EnsureDevice(
-        tickets, (kFusedV4MaxTickets + kFusedV4MaxMatrixTickets) * sizeof(int32_t));
+    absl::Status s = EnsureDevice(tickets, kFusedV4MaxTickets * sizeof(int32_t));
     if (!s.ok()) return s;
     RVD_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(tickets.ptr, 0, tickets.size, stream));
     return absl::OkStatus();
@@ -472,7 +470,7 @@ class Runner {
     absl::Status s = ctx.EnsurePinned(ctx.up, up.size());
     if (s.ok()) s = ctx.EnsurePinned(ctx.down, m * (sizeof(double) + sizeof(int32_t)));
     if (s.ok()) s = ctx.EnsureDevice(ctx.work, work.size());
-    if (s.ok() && any_v4) s = ctx.EnsureTickets();
+    if (s.ok() && partial_bytes > 0) s = ctx.EnsureTickets();
     if (!s.ok()) return s;
     std::memcpy(At<void>(ctx.up.ptr, o_desc), descs.data(), m * sizeof(MatrixDesc));
     if (!jobs_.empty()) {
@@ -499,10 +497,6 @@ class Runner {
     FusedLauncher launch = &LaunchFused;
     FusedV2Launcher launch2 = &LaunchFusedV2;
     FusedV4Launcher launch4 = &LaunchFusedV4;
-    // v4 finishes every matrix it serves (FusedV4FinishesMatrix) when the
-    // call's matrices fit the matrix tickets.
-    const bool matrix_tickets = m <= static_cast<size_t>(kFusedV4MaxMatrixTickets);
-    auto* const tickets = static_cast<int32_t*>(ctx.tickets.ptr);
     if (use_mutant_) {
       if (g_fused_mutant_launcher == nullptr || g_fused_v2_mutant_launcher == nullptr ||
           g_fused_v4_mutant_launcher == nullptr) {
@@ -543,16 +537,13 @@ class Runner {
                                 d_jobs2 + l0,
                                 run.plan,
                                 At<float>(w, o_part),
-                                tickets,
+                                static_cast<int32_t*>(ctx.tickets.ptr),
                                 k == FusedKernel::kV4Triangle,
                                 g2,
                                 tr,
                                 mx,
                                 At<double>(w, o_pr),
-                                At<int32_t>(w, o_st),
-                                At<int32_t>(w, o_jb),
-                                j0,
-                                matrix_tickets ? tickets + kFusedV4MaxTickets : nullptr};
+                                At<int32_t>(w, o_st)};
           RVD_CUDA_RETURN_IF_ERROR(launch4(dt, l, ctx.stream));
           break;
         }
@@ -563,7 +554,7 @@ class Runner {
     // finalize.
     bool finished = true;
     for (size_t s = 0; s < m; ++s) {
-      finished &= FusedV4FinishesMatrix(kernel[ctx.order[s]], descs[s].n, matrix_tickets);
+      finished &= FusedV4FinishesMatrix(kernel[ctx.order[s]], descs[s].n);
     }
     if (!finished) {
       RVD_CUDA_RETURN_IF_ERROR(LaunchFinalize(

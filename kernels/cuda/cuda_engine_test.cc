@@ -553,30 +553,6 @@ TEST_F(CudaEngineTest, FusedCutLastRoundMatchesOracle) {
   }
 }
 
-// Fused v4 finishes the matrices it serves in several jobs itself (a
-// ticket per matrix; the finisher warp of the block writing the last job
-// sums the jobs as the finalize kernel does). A v4-only call launches no
-// finalize; a call with a tall matrix added runs the finalize kernel over
-// every matrix. Both must give the oracle's PRs and the same bits.
-TEST_F(CudaEngineTest, FusedV4FinishesMultiJobMatricesLikeTheFinalize) {
-  if (!V4Runs()) GTEST_SKIP() << "fused v4 needs compute capability 9.0";
-  for (DType dt : {DType::kBF16, DType::kF16}) {
-    std::vector<StoredMatrix> suite =
-        Suite(rng_, dt, {{1024, 2048}, {257, 3001}, {300, 1000}, {129, 4096}});
-    const std::vector<double> ref = Oracle(suite);
-    std::vector<double> v4_only;
-    ExpectExactWithoutFallback(suite, ref, absl::StrCat("v4 only ", DTypeName(dt)), &v4_only);
-    if (HasFatalFailure()) return;
-    suite.push_back(Store(MakeMatrix(rng_, 300, 40, Spectrum::kFlat), 300, 40, dt, 0, "tall"));
-    std::vector<double> mixed = Poisoned(suite.size());
-    ASSERT_TRUE(engine_->ComputePR(Views(suite), {}, absl::MakeSpan(mixed)).ok());
-    for (size_t i = 0; i < v4_only.size(); ++i) {
-      EXPECT_EQ(std::memcmp(&mixed[i], &v4_only[i], sizeof(double)), 0)
-          << suite[i].label << " " << DTypeName(dt) << ": finalize kernel vs v4's finisher";
-    }
-  }
-}
-
 TEST_F(CudaEngineTest, MemoryCapIsResourceExhausted) {
   CudaEngineOptions o;
   o.max_device_bytes = 1 << 20;

@@ -1,8 +1,7 @@
 // One matrix's PR from its sums (private to kernels/cuda/): the finalize
 // kernel (kernels.cu) runs it on every matrix's job sums, and fused v4 on
-// the matrices it serves (one job: that job's epilogue; several: the block
-// writing the matrix's last job, FinalizeMatrixWarp), so that a launch of
-// only v4's matrices needs no finalize kernel. Both give the same bits for
+// a matrix it serves in one job (Gram side <= 128), so that a launch of
+// only such matrices needs no finalize kernel. Both give the same bits for
 // the same sums.
 #ifndef RVD_KERNELS_CUDA_FINALIZE_CUH_
 #define RVD_KERNELS_CUDA_FINALIZE_CUH_
@@ -45,29 +44,6 @@ __device__ inline void FinalizeMatrix(const MatrixDesc& d, double g, double t, f
                        g >= t2 / d.n * (1.0 - 1e-4) && g <= t2 * (1.0 + 1e-4);
   *pr = trusted ? t2 / g : nan("");
   *status = trusted ? kStatusOk : kStatusUntrusted;
-}
-
-// One warp: matrix d's PR from its jobs' sums [begin, end) (lanes stride
-// over the jobs, then a fixed xor tree: the same bits on every run). The
-// loads go to L2: in fused v4 other blocks wrote the sums.
-__device__ inline void FinalizeMatrixWarp(const MatrixDesc& d, int begin, int end,
-                                          const double* g2, const double* trace,
-                                          const float* maxabs, double* pr, int32_t* status) {
-  const int lane = threadIdx.x % 32;
-  double g = 0.0, t = 0.0;
-  float mx = 0.0f;
-  for (int j = begin + lane; j < end; j += 32) {
-    g += __ldcg(g2 + j);
-    t += __ldcg(trace + j);
-    mx = fmaxf(mx, __ldcg(maxabs + j));
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    g += __shfl_xor_sync(0xffffffffu, g, o);
-    t += __shfl_xor_sync(0xffffffffu, t, o);
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  }
-  if (lane == 0) FinalizeMatrix(d, g, t, mx, pr, status);
 }
 
 }  // namespace rvd::cuda

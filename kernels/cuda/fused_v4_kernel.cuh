@@ -133,11 +133,7 @@ struct Layout {
       kReduceOffset + 2 * kMaxConsumerWarps * 24 + 3 * kMaxConsumerWarps * 4;
   static constexpr int kSwapOffset = (kTicketOffset + 64 + 15) / 16 * 16;
   static constexpr int kSwapBytes = !kF32 && !kTriangle ? 64 * 64 * 4 : 0;
-  // Then, 16-bit, the finisher's two job records and their `done` and
-  // `free` mbarriers (FinishJobs).
-  static constexpr int kFinishOffset = kSwapOffset + kSwapBytes;
-  static constexpr int kFinishBytes = kF32 ? 0 : 2 * 32 + 4 * 8;
-  static constexpr int kSmemBytes = 1024 + kFinishOffset + kFinishBytes;
+  static constexpr int kSmemBytes = 1024 + kSwapOffset + kSwapBytes;
   // Block: the consumers, then one warpgroup (16-bit: its first thread
   // issues the copies) or, f32, two that convert (and issue the copies).
   static constexpr int kThirdWarpgroups = kF32 ? 2 : 1;
@@ -207,18 +203,6 @@ struct Schedule {
   int cut, pieces, units;
   float* partials;
   int32_t* tickets;
-};
-
-// Where a launch's results go (FusedV4Launch's outputs).
-struct Outputs {
-  double* g2;  // per job of the launch, as trace and maxabs
-  double* trace;
-  float* maxabs;
-  double* pr;  // per matrix index, or null, as status
-  int32_t* status;
-  const int32_t* job_begin;  // a matrix's jobs, from the call's first job
-  int job_offset;            // the call's number of the launch's job 0
-  int32_t* matrix_tickets;   // per matrix index, or null
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -454,25 +438,17 @@ __device__ __forceinline__ void ProduceSlices(const CUtensorMap* maps, const Mat
   }
 }
 
-// A job's results, from the consumers to whoever writes them (j < 0: the
-// block has no more jobs).
-struct JobSums {
-  double g2, trace;
-  float maxabs;
-  int j, matrix;
-};
-static_assert(sizeof(JobSums) == 32, "Layout::kFinishBytes");
-
 // Job j's outputs from each consumer thread's kAcc running sums: its
 // warpgroup's block of the tile has its first row and column at (row0,
 // col0) and counts `weight` times (1 or 2) in ||G||^2. Fragment entry i:
 // tile row row0 + 16 (warp % 4) + lane / 4 + 8 ((i / 2) % 2), column col0
-// + 8 (i / 4) + 2 (lane % 4) + i % 2. Thread 0 hands the job's sums to
-// `finish` (FinishJobs for 16-bit: another warp writes them; f32: itself).
-template <int kGroups, int kAcc, typename Finish>
+// + 8 (i / 4) + 2 (lane % 4) + i % 2.
+template <int kGroups, int kAcc>
 __device__ __forceinline__ void ReduceJob(const float (&sum)[kAcc], bool diag, int row0, int col0,
                                           double weight, double upper_weight, int k, int j,
-                                          double* red, int parity, int matrix, Finish&& finish) {
+                                          double* red, int parity, double* g2, double* trace,
+                                          float* maxabs, const MatrixDesc& desc, double* pr,
+                                          int32_t* status) {
   constexpr int kWarps = 4 * kGroups;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   double g = 0.0, gu = 0.0, t = 0.0;
@@ -513,6 +489,8 @@ __device__ __forceinline__ void ReduceJob(const float (&sum)[kAcc], bool diag, i
       bd = (d > bd || d != d) ? d : bd;
     }
     const double g = diag ? bg : 2.0 * bg;
+    g2[j] = g;
+    trace[j] = bt;
     float mx = 0.0f;
     if (diag) {
       if (bd == 0.0f) {
@@ -521,79 +499,10 @@ __device__ __forceinline__ void ReduceJob(const float (&sum)[kAcc], bool diag, i
         mx = sqrtf(bd / static_cast<float>(k));
       }
     }
-    finish(JobSums{g, bt, mx, j, matrix});
-  }
-}
-
-// One thread: job s's results into `out`, and, when out.pr is given, its
-// matrix's PR if this was its only job (Gram side <= 128). Else, with
-// matrix tickets, takes the matrix's ticket (the threadfence pattern, as in
-// CombinePieces) and returns whether this was the last of its jobs.
-__device__ __forceinline__ bool StoreJob(const JobSums& s, const Outputs& out,
-                                         const MatrixDesc* mats) {
-  out.g2[s.j] = s.g2;
-  out.trace[s.j] = s.trace;
-  out.maxabs[s.j] = s.maxabs;
-  if (out.pr == nullptr) return false;
-  if (mats[s.matrix].n <= kTile) {
-    FinalizeMatrix(mats[s.matrix], s.g2, s.trace, s.maxabs, out.pr + s.matrix,
-                   out.status + s.matrix);
-    return false;
-  }
-  if (out.matrix_tickets == nullptr) return false;
-  __threadfence();
-  const int jobs = out.job_begin[s.matrix + 1] - out.job_begin[s.matrix];
-  return atomicAdd(out.matrix_tickets + s.matrix, 1) == jobs - 1;
-}
-
-// One warp: StoreJob, and the PR of a matrix whose last job that was, its
-// jobs summed as the finalize kernel does (the same bits).
-__device__ __forceinline__ void WriteJob(const JobSums& s, const Outputs& out,
-                                         const MatrixDesc* mats) {
-  const int lane = threadIdx.x % 32;
-  const int last = lane == 0 ? StoreJob(s, out, mats) : 0;
-  if (!__shfl_sync(0xffffffffu, last, 0)) return;
-  __threadfence();
-  FinalizeMatrixWarp(mats[s.matrix], out.job_begin[s.matrix], out.job_begin[s.matrix + 1],
-                     out.g2 - out.job_offset, out.trace - out.job_offset,
-                     out.maxabs - out.job_offset, out.pr + s.matrix, out.status + s.matrix);
-  if (lane == 0) out.matrix_tickets[s.matrix] = 0;  // ready for the next launch
-}
-
-// 16-bit: the consumers' thread 0 posts each job's sums in one of two
-// shared records (PostJob) and a warp of the producer's warpgroup, idle
-// otherwise, writes them (FinishJobs): the global stores, the PR and the
-// ticket's atomic stay off the warpgroup that issues the next job's wgmma.
-struct JobRecords {
-  JobSums* rec;    // 2 records
-  uint32_t done0;  // done[p]: record p written (count 1)
-  uint32_t free0;  // free[p]: record p read (count 1)
-};
-
-// Before the block's n-th post (records alternate): every consumer thread
-// waits until the record is free (a wait in thread 0 alone, a divergent
-// loop, made ptxas serialize the wgmma: C7520).
-__device__ __forceinline__ void WaitRecord(const JobRecords& r, int n) {
-  MbarWait(r.free0 + 8 * (n & 1), ((n >> 1) & 1) ^ 1);
-}
-
-// Thread 0: the n-th post.
-__device__ __forceinline__ void PostJob(const JobRecords& r, int n, const JobSums& s) {
-  const int p = n & 1;
-  r.rec[p] = s;
-  MbarArrive(r.done0 + 8 * p);  // release: the record is visible to the waiter
-}
-
-__device__ __forceinline__ void FinishJobs(const JobRecords& r, const Outputs& out,
-                                           const MatrixDesc* mats) {
-  for (int n = 0;; ++n) {
-    const int p = n & 1;
-    MbarWait(r.done0 + 8 * p, (n >> 1) & 1);
-    const JobSums s = r.rec[p];
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) MbarArrive(r.free0 + 8 * p);
-    if (s.j < 0) return;
-    WriteJob(s, out, mats);
+    maxabs[j] = mx;
+    // The matrix's only job: its PR here (pr, status: the matrix's, or
+    // null), not in a finalize kernel.
+    if (pr != nullptr) FinalizeMatrix(desc, g, bt, mx, pr, status);
   }
 }
 
@@ -898,7 +807,8 @@ __device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const Mat
 template <typename T, int kMode, bool kTriangle>
 __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     FusedV4Kernel(const CUtensorMap* maps, const MatrixDesc* mats, const FusedJobV2* jobs,
-                  Schedule sched, Outputs out) {
+                  Schedule sched, double* g2, double* trace, float* maxabs, double* pr,
+                  int32_t* status) {
 #ifdef RVD_FUSED_V4_DEVICE
   using L = Layout<T, kTriangle>;
   using R = Registers<T, kTriangle>;
@@ -915,8 +825,6 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
   double* const red = reinterpret_cast<double*>(base + L::kReduceOffset);
   uint32_t* const red_max = reinterpret_cast<uint32_t*>(red + 2 * kMaxConsumerWarps * 3);
   int* const ticket = reinterpret_cast<int*>(base + L::kTicketOffset);
-  const JobRecords records{reinterpret_cast<JobSums*>(base + L::kFinishOffset),
-                           tiles + L::kFinishOffset + 64, tiles + L::kFinishOffset + 80};
 
   const int warp = threadIdx.x / 32;  // consumers 0 .. 7, then the third warpgroup(s)
   const int lane = threadIdx.x % 32;
@@ -929,12 +837,6 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
       MbarInit(set_full0 + 8 * s, 1);
       MbarInit(set_empty0 + 8 * s, C::kWarps);
     }
-    if constexpr (!L::kF32) {
-      for (int p = 0; p < 2; ++p) {
-        MbarInit(records.done0 + 8 * p, 1);
-        MbarInit(records.free0 + 8 * p, 1);
-      }
-    }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -946,8 +848,6 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
                            set_inv, red_max);
     } else if (warp == C::kWarps && lane == 0) {
       ProduceSlices<T, kMode>(maps, mats, jobs, sched, tiles, full0, empty0);
-    } else if (warp == C::kWarps + 1) {
-      FinishJobs(records, out, mats);
     }
     return;
   }
@@ -992,16 +892,7 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
   const uint32_t ring_empty0 = tiles + L::kRingEmptyOffset;
   int next = 0, done = 0;
   uint32_t next_phase = 0;
-  // Jobs ended so far: its parity picks the set of epilogue partials and
-  // (16-bit) the record handed to FinishJobs.
-  int posted = 0;
-  auto write_job = [&](const JobSums& s) {
-    if constexpr (L::kF32) {
-      StoreJob(s, out, mats);  // f32: one job per matrix, no ticket
-    } else {
-      PostJob(records, posted, s);
-    }
-  };
+  int parity = 0;  // which set of epilogue partials
   float part0[kAcc], part1[kAcc];
   for (int w = blockIdx.x; w < sched.units; w += gridDim.x) {
     const Unit unit = UnitAt(w, sched, jobs, mats);
@@ -1012,6 +903,10 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     const int slices = unit.k1 - unit.k0;
     const int chain =
         !L::kF32 && kMode != kProbeChain1 && desc.n > kTile ? kLargeChainSlices : 1;
+    // The matrix's only job (Gram side <= 128): its PR from this block.
+    const bool whole = pr != nullptr && desc.n <= kTile;
+    double* const job_pr = whole ? pr + job.matrix : nullptr;
+    int32_t* const job_status = whole ? status + job.matrix : nullptr;
     const int chains = (slices + chain - 1) / chain;
     const bool diag = job.diagonal != 0;
     const bool one_tile = diag || kMode == kProbeBIsA;
@@ -1123,7 +1018,6 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     };
     float inv0 = 1.0f, inv1 = 1.0f;
     auto reduce_job = [&](float (&sums)[kAcc]) {
-      if constexpr (!L::kF32) WaitRecord(records, posted);
       if (diag_blocks) {
         // Warpgroup 1's sums of block (0,1) into warpgroup 0's (the
         // barrier at the end of ReduceJob keeps warpgroup 1 from writing
@@ -1144,12 +1038,12 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
             sums[kAcc / 2 + i] = __fadd_rn(sums[kAcc / 2 + i], swap[128 * i + t]);
           }
         }
-        ReduceJob<C::kGroups>(sums, diag, 64 * c, 64 * c, 1.0, 2.0, cols, j, red, posted & 1,
-                              job.matrix, write_job);
+        ReduceJob<C::kGroups>(sums, diag, 64 * c, 64 * c, 1.0, 2.0, cols, j, red, parity, g2,
+                              trace, maxabs, desc, job_pr, job_status);
         return;
       }
-      ReduceJob<C::kGroups>(sums, diag, row0, col0, weight, weight, cols, j, red, posted & 1,
-                            job.matrix, write_job);
+      ReduceJob<C::kGroups>(sums, diag, row0, col0, weight, weight, cols, j, red, parity, g2,
+                            trace, maxabs, desc, job_pr, job_status);
     };
     // The unit's end: a whole job's epilogue, or a piece's partial sums
     // (CombinePieces; the job's epilogue in the block of its last piece).
@@ -1157,7 +1051,7 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
       if (unit.piece < 0 || kMode == kProbeNoCombine ||
           CombinePieces<kMode, C::kGroups>(sum, unit, sched, ticket)) {
         reduce_job(sum);
-        ++posted;
+        parity ^= 1;
       }
     };
     // One step: chain u runs in `run`, chain u + 1 (< chains) goes into
@@ -1214,10 +1108,6 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     }
     finish();
   }
-  if constexpr (!L::kF32) {
-    WaitRecord(records, posted);
-    if (threadIdx.x == 0) PostJob(records, posted, JobSums{0.0, 0.0, 0.0f, -1, 0});
-  }
 #endif  // RVD_FUSED_V4_DEVICE
 }
 
@@ -1237,10 +1127,9 @@ cudaError_t LaunchFusedV4Shape(const FusedV4Launch& l, cudaStream_t stream) {
   const cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  const Outputs out{l.g2,     l.trace,     l.maxabs,     l.pr,
-                    l.status, l.job_begin, l.job_offset, l.matrix_tickets};
   kernel<<<plan.grid, Layout<T, kTriangle>::kThreads, smem, stream>>>(
-      static_cast<const CUtensorMap*>(l.maps), l.mats, l.jobs, sched, out);
+      static_cast<const CUtensorMap*>(l.maps), l.mats, l.jobs, sched, l.g2, l.trace, l.maxabs,
+      l.pr, l.status);
   return cudaGetLastError();
 }
 

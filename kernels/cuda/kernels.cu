@@ -118,9 +118,22 @@ __global__ void FinalizeKernel(const MatrixDesc* mats, const int32_t* job_begin,
                                const double* trace, const float* maxabs,
                                double* pr, int32_t* status) {
   const int m = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
   if (m >= num_matrices) return;  // whole warps
-  FinalizeMatrixWarp(mats[m], job_begin[m], job_begin[m + 1], g2, trace, maxabs, pr + m,
-                     status + m);
+  double g = 0.0, t = 0.0;
+  float mx = 0.0f;
+  for (int j = job_begin[m] + lane; j < job_begin[m + 1]; j += 32) {
+    g += g2[j];
+    t += trace[j];
+    mx = fmaxf(mx, maxabs[j]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    g += __shfl_xor_sync(0xffffffffu, g, o);
+    t += __shfl_xor_sync(0xffffffffu, t, o);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  }
+  if (lane == 0) FinalizeMatrix(mats[m], g, t, mx, pr + m, status + m);
 }
 
 __global__ void StatsKernel(DType dtype, const MatrixDesc* mats, double* trace,

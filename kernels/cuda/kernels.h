@@ -79,19 +79,11 @@ struct FusedV4Launch {
   double* g2;
   double* trace;
   float* maxabs;
-  // Per matrix index, or null: the matrices' PR and status from the kernel
-  // itself, the same bits as LaunchFinalize's (so a launch whose matrices
-  // all get them needs no finalize; FusedV4FinishesMatrix). A matrix of
-  // Gram side <= 128 (one job) gets them from its job's epilogue; one
-  // served in several jobs, when matrix_tickets is given, from the block
-  // that writes its last job, which sums its jobs [job_begin[m],
-  // job_begin[m + 1]) (numbered from the call's first job; g2, trace and
-  // maxabs above start at job job_offset).
+  // Per matrix index, or null: a matrix of Gram side <= 128 (one job) gets
+  // its PR and status from the kernel itself, the same bits as
+  // LaunchFinalize's (so a launch of only such matrices needs no finalize).
   double* pr;
   int32_t* status;
-  const int32_t* job_begin;
-  int job_offset;
-  int32_t* matrix_tickets;  // kFusedV4MaxMatrixTickets int32, zero (left zero), or null
 };
 // Host only: writes matrix d's tensor map (d.data a device pointer) to `map`.
 cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map);

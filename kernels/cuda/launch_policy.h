@@ -189,12 +189,10 @@ inline bool IsFusedV4(FusedKernel kernel) {
 FusedKernel ChooseFusedKernel(int sm_major, int sm_minor, DType dtype, int64_t rows,
                               int64_t cols, bool aligned);
 
-// Whether fused v4 writes a matrix's PR itself (FusedV4Launch's pr): a
-// matrix it serves in one job (Gram side <= 128), or any of its matrices
-// when the launch has `matrix_tickets`.
-inline bool FusedV4FinishesMatrix(FusedKernel kernel, int64_t gram_side,
-                                  bool matrix_tickets) {
-  return IsFusedV4(kernel) && (gram_side <= kFusedPolicyV4Sm90.block_tile || matrix_tickets);
+// Whether fused v4 writes a matrix's PR itself (LaunchFusedV4's pr): a
+// matrix it serves in one job, Gram side <= 128.
+inline bool FusedV4FinishesMatrix(FusedKernel kernel, int64_t gram_side) {
+  return IsFusedV4(kernel) && gram_side <= kFusedPolicyV4Sm90.block_tile;
 }
 
 // The launch policy of a fused kernel.
@@ -277,9 +275,6 @@ int64_t FusedV4PartialBytes(const FusedV4Plan& plan);
 // Tickets are never more than the SMs (a cut job is one of the last
 // round's); zeroed once, the kernel leaves them zero.
 inline constexpr int kFusedV4MaxTickets = 1024;
-// Matrices of one call that fused v4 can finish by a ticket per matrix
-// (FusedV4Launch::matrix_tickets); a larger call takes the finalize kernel.
-inline constexpr int kFusedV4MaxMatrixTickets = 4096;
 
 // The Gram's side for a rows x cols matrix: min(rows, cols).
 int64_t GramSide(int64_t rows, int64_t cols);

@@ -150,17 +150,6 @@ TEST(LaunchPolicy, ChooseFusedKernel) {
   EXPECT_FALSE(IsFusedV4(K::kV3) || IsFusedV4(K::kV1Tall));
   EXPECT_STREQ(FusedPolicyOf(K::kV3).name, kFusedPolicyV3Sm90.name);
   EXPECT_STREQ(FusedPolicyOf(K::kV1Tall).name, kFusedPolicySm90.name);
-  // Who writes the PR: v4 itself for one-job matrices, for the others only
-  // with matrix tickets; v3 and v1 never (the finalize kernel).
-  EXPECT_TRUE(FusedV4FinishesMatrix(K::kV4Triangle, 128, false));
-  EXPECT_FALSE(FusedV4FinishesMatrix(K::kV4, 129, false));
-  EXPECT_TRUE(FusedV4FinishesMatrix(K::kV4, 1024, true));
-  EXPECT_FALSE(FusedV4FinishesMatrix(K::kV3, 128, true));
-  EXPECT_FALSE(FusedV4FinishesMatrix(K::kV1Tall, 64, true));
-  // Cut pieces: f32 only (16-bit launches were slower cut, session 8).
-  EXPECT_GT(FusedV4TailPieces(K::kV4, DType::kF32), 1);
-  EXPECT_EQ(FusedV4TailPieces(K::kV4, DType::kBF16), 1);
-  EXPECT_EQ(FusedV4TailPieces(K::kV4Triangle, DType::kF16), 1);
 }
 
 // v4 jobs: whole 128 x 128 tiles, diagonal ones weight 1 over their square,
