@@ -150,6 +150,10 @@ TEST(LaunchPolicy, ChooseFusedKernel) {
   EXPECT_FALSE(IsFusedV4(K::kV3) || IsFusedV4(K::kV1Tall));
   EXPECT_STREQ(FusedPolicyOf(K::kV3).name, kFusedPolicyV3Sm90.name);
   EXPECT_STREQ(FusedPolicyOf(K::kV1Tall).name, kFusedPolicySm90.name);
+  // Cut pieces: f32 only (16-bit launches were slower cut, session 8).
+  EXPECT_GT(FusedV4TailPieces(K::kV4, DType::kF32), 1);
+  EXPECT_EQ(FusedV4TailPieces(K::kV4, DType::kBF16), 1);
+  EXPECT_EQ(FusedV4TailPieces(K::kV4Triangle, DType::kF16), 1);
 }
 
 // v4 jobs: whole 128 x 128 tiles, diagonal ones weight 1 over their square,
