@@ -68,9 +68,7 @@ cudaError_t LaunchSpin(uint64_t ns, cudaStream_t stream);
 
 #ifdef RVD_V4_PREV
 // v4 as it was at an earlier revision (scripts/v4_prev.sh).
-cudaError_t LaunchFusedV4Prev(DType dtype, const void* maps, const MatrixDesc* mats,
-                              const FusedJobV2* jobs, int num_jobs, double* g2, double* trace,
-                              float* maxabs, cudaStream_t stream);
+cudaError_t LaunchFusedV4Prev(DType dtype, const FusedV4Launch& launch, cudaStream_t stream);
 #endif
 
 namespace {
@@ -272,7 +270,7 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
                m8 = al(views.size() * 8), m4 = al(views.size() * 4),
                sm = IsFusedV4(kernel) ? al(views.size() * kTensorMapBytes) : 0,
                sp = al(FusedV4PartialBytes(f->plan)),
-               st = f->plan.pieces > 1 ? al(kFusedV4MaxTickets * 4) : 0;
+               st = f->plan.pieces > 1 ? al(kFusedV4TicketInts * 4) : 0;
   BENCH_CHECK(cudaMalloc(&f->dev, sd + sj + sb + 2 * s8 + s4 + m8 + m4 + sm + sp + st));
   auto* p = static_cast<uint8_t*>(f->dev);
   f->desc = reinterpret_cast<MatrixDesc*>(p);
@@ -436,9 +434,8 @@ constexpr Contender kContenders[] = {
 cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_t s) {
 #ifdef RVD_V4_PREV
   if (v.prev) {
-    const cudaError_t e = LaunchFusedV4Prev(f.dtype, f.maps, f.desc, f.jobs2, f.num_jobs, f.g2,
-                                            f.tr, f.mx, s);
-    if (e != cudaSuccess) return e;
+    const cudaError_t e = LaunchFusedV4Prev(f.dtype, f.V4Launch(), s);
+    if (e != cudaSuccess || f.finished) return e;
     return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
   }
 #endif
@@ -723,7 +720,8 @@ int Sustain(cudaStream_t stream, nlohmann::json* out) {
     std::vector<std::string> contenders;  // kContenders' names
   };
   const std::vector<Run> runs = {
-      {{480, 128, 4096, DType::kF32, "sustain"}, {"v4", "v4-whole", "v4", "v4-whole"}},
+      {{480, 128, 4096, DType::kF32, "sustain"},
+       {"v4", "v4-prev", "v4-whole", "v4", "v4-prev", "v4-whole"}},
       // 3 and 4 whole rounds on 132 SMs, what the cut of 480's last round
       // is measured against (NOTES.md, session 8).
       {{396, 128, 4096, DType::kF32, "sustain"}, {"v4"}},

@@ -8,7 +8,8 @@
 # The copy goes to kernels/cuda/prev/ (git-ignored), in namespace
 # fused_v4_prev; it shares today's kernels.h, launch_policy.h and tensor
 # maps, so a change to those (a Mode removed, a policy field, another box
-# size) needs a hand edit of the copy.
+# size, FusedV4Launch) needs a hand edit of the copy; revisions before
+# FusedV4Launch (7febee3) need one for the launcher too.
 set -euo pipefail
 dir=kernels/cuda/prev
 if [[ "${1:-}" == "--remove" ]]; then
@@ -28,11 +29,8 @@ cat > "$dir/fused_v4_prev.cu" <<EOF2
 
 namespace rvd::cuda {
 
-cudaError_t LaunchFusedV4Prev(DType dtype, const void* maps, const MatrixDesc* mats,
-                              const FusedJobV2* jobs, int num_jobs, double* g2, double* trace,
-                              float* maxabs, cudaStream_t stream) {
-  return fused_v4_prev::LaunchFusedV4Dispatch<fused_v4::kLive>(dtype, maps, mats, jobs, num_jobs,
-                                                               g2, trace, maxabs, stream);
+cudaError_t LaunchFusedV4Prev(DType dtype, const FusedV4Launch& launch, cudaStream_t stream) {
+  return fused_v4_prev::LaunchFusedV4Dispatch<fused_v4::kLive>(dtype, launch, stream);
 }
 
 }  // namespace rvd::cuda

@@ -114,7 +114,7 @@ struct Context {
 
   absl::Status EnsureTickets() {
     if (tickets.ptr != nullptr) return absl::OkStatus();
-    absl::Status s = EnsureDevice(tickets, kFusedV4MaxTickets * sizeof(int32_t));
+    absl::Status s = EnsureDevice(tickets, kFusedV4TicketInts * sizeof(int32_t));
     if (!s.ok()) return s;
     RVD_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(tickets.ptr, 0, tickets.size, stream));
     return absl::OkStatus();

@@ -197,8 +197,8 @@ static_assert(Consumers<false>::kAcc * 128 * Consumers<false>::kGroups <= kFused
 // The launch's units (launch_policy.h, FusedV4Plan): jobs 0 .. cut - 1 as
 // `pieces` units each, one per K-range, then the other jobs whole. A
 // piece's partial sums go to `partials` (kFusedV4PartialFloats per piece,
-// in piece order per cut job); `tickets` (one per cut job, zero at launch,
-// left zero) counts the pieces done.
+// in piece order per cut job); `tickets` (two per cut job, zero at launch,
+// left zero) count the pieces done and stored (CombinePieces).
 struct Schedule {
   int cut, pieces, units;
   float* partials;
@@ -506,32 +506,56 @@ __device__ __forceinline__ void ReduceJob(const float (&sum)[kAcc], bool diag, i
   }
 }
 
-// A piece of cut job unit.j is done, its partial sums in `sum`: the
-// consumers store them, and the block that finishes the job's last piece
-// (the ticket) loads every piece's and adds them in piece order into `sum`
-// (returns true: the job's epilogue is this block's; it also sets the
-// ticket back to zero). Stores, fence, barrier, one atomic per block; the
-// loads go to L2 (ld.cg), as CUDA's threadFenceReduction sample. (The
-// mutant adds piece 0 where piece 1 belongs.)
+// A piece of cut job unit.j is done, its partial sums in `sum`. Each
+// block takes the job's ticket first (tickets[2 cut]). The others store
+// their sums, fence and count the store (tickets[2 cut + 1]); the block
+// holding the last ticket waits until they have stored (they hold earlier
+// tickets, so they run and will store), adds every piece in piece order
+// into `sum` (returns true: the job's epilogue is this block's) and sets
+// both counters back to zero. When that block's piece is piece 0, the
+// largest (PieceBegin) and so, starting with the others, usually the last
+// to finish, its sums stay in registers: it loads the other pieces only
+// (against storing every piece and loading them all, s8-4: half the L2
+// traffic, no fence). The loads go to L2 (ld.cg). (The mutant adds piece
+// 0 where piece 1 belongs.)
 template <int kMode, int kGroups, int kAcc>
 __device__ __forceinline__ bool CombinePieces(float (&sum)[kAcc], const Unit& unit,
                                               const Schedule& s, int* ticket) {
   constexpr int kThreads = 128 * kGroups;
   const int t = threadIdx.x;
   const int cut = unit.j;
+  int32_t* const done = s.tickets + 2 * cut;
+  int32_t* const stored = done + 1;
   float* const first = s.partials + static_cast<size_t>(cut) * s.pieces * kFusedV4PartialFloats;
   float* const mine = first + unit.piece * kFusedV4PartialFloats;
-#pragma unroll
-  for (int i = 0; i < kAcc; ++i) __stcg(mine + i * kThreads + t, sum[i]);
-  __threadfence();
+  if (t == 0) *ticket = atomicAdd(done, 1);
   asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
-  if (t == 0) *ticket = atomicAdd(s.tickets + cut, 1);
-  asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
-  if (*ticket != s.pieces - 1) return false;
-  __threadfence();
-  if (t == 0) s.tickets[cut] = 0;  // every piece has counted: ready for the next launch
+  const bool last = *ticket == s.pieces - 1;
+  const bool keep = last && unit.piece == 0 && kMode != kMutant;  // piece 0 stays here
+  if (!keep) {
 #pragma unroll
-  for (int i = 0; i < kAcc; ++i) sum[i] = __ldcg(first + i * kThreads + t);
+    for (int i = 0; i < kAcc; ++i) __stcg(mine + i * kThreads + t, sum[i]);
+  }
+  if (!last) {
+    __threadfence();
+    asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
+    if (t == 0) atomicAdd(stored, 1);
+    return false;
+  }
+  if (t == 0) {
+    int n = 0;
+    do {
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(n) : "l"(stored) : "memory");
+    } while (n != s.pieces - 1);
+    *done = 0;  // every piece has counted and stored: ready for the next launch
+    *stored = 0;
+  }
+  asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
+  __threadfence();
+  if (!keep) {  // (this block's own piece, if not 0, reads back as it stored it)
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) sum[i] = __ldcg(first + i * kThreads + t);
+  }
   for (int q = 1; q < s.pieces; ++q) {
     const float* const piece = first + (kMode == kMutant && q == 1 ? 0 : q) * kFusedV4PartialFloats;
 #pragma unroll
@@ -1117,7 +1141,7 @@ cudaError_t LaunchFusedV4Shape(const FusedV4Launch& l, cudaStream_t stream) {
   if (plan.units <= 0) return cudaSuccess;
   const bool cut = plan.pieces > 1;
   if (cut && (l.partials == nullptr || l.tickets == nullptr ||
-              plan.cut > kFusedV4MaxTickets)) {
+              plan.cut > kFusedV4MaxCutJobs)) {
     return cudaErrorInvalidValue;
   }
   const Schedule sched{plan.cut, plan.pieces, plan.units, cut ? l.partials : nullptr,

@@ -71,7 +71,7 @@ struct FusedV4Launch {
   const FusedJobV2* jobs;
   FusedV4Plan plan;       // PlanFusedV4 over the jobs
   float* partials;        // a cut plan's FusedV4PartialBytes of device memory, or null
-  int32_t* tickets;       // a cut plan's kFusedV4MaxTickets int32, zero (left zero), or null
+  int32_t* tickets;       // a cut plan's kFusedV4TicketInts int32, zero (left zero), or null
   bool triangle;          // FusedKernel::kV4Triangle's matrices (16-bit, Gram side <= 128),
                           // else kV4's
   // Outputs per job as LaunchFused, except maxabs (sqrt(max_i G_ii / k):

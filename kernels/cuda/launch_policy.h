@@ -262,19 +262,22 @@ RVD_HOST_DEVICE constexpr int FusedV4Slices(int64_t cols) {
   return static_cast<int>((cols + 63) / 64);
 }
 // Piece p of a job of `slices` K-slices cut into `pieces`: slices
-// [PieceBegin(p), PieceBegin(p + 1)).
+// [PieceBegin(p), PieceBegin(p + 1)); the first pieces take the extra
+// slices (CombinePieces: piece 0 is the largest).
 RVD_HOST_DEVICE constexpr int PieceBegin(int p, int pieces, int slices) {
-  return static_cast<int>(static_cast<int64_t>(p) * slices / pieces);
+  return slices - static_cast<int>(static_cast<int64_t>(pieces - p) * slices / pieces);
 }
 #undef RVD_HOST_DEVICE
 
 // Device memory a plan needs: one 128 x 128 f32 partial Gram per piece of
-// a cut job, and one int32 ticket per cut job (FusedV4Launch).
+// a cut job, and two int32 tickets per cut job (pieces done, pieces
+// stored; FusedV4Launch), kFusedV4TicketInts in all: cut jobs are never
+// more than the SMs (they are a last round's). Zeroed once, the kernel
+// leaves them zero.
 inline constexpr int kFusedV4PartialFloats = 128 * 128;
 int64_t FusedV4PartialBytes(const FusedV4Plan& plan);
-// Tickets are never more than the SMs (a cut job is one of the last
-// round's); zeroed once, the kernel leaves them zero.
-inline constexpr int kFusedV4MaxTickets = 1024;
+inline constexpr int kFusedV4MaxCutJobs = 1024;
+inline constexpr int kFusedV4TicketInts = 2 * kFusedV4MaxCutJobs;
 
 // The Gram's side for a rows x cols matrix: min(rows, cols).
 int64_t GramSide(int64_t rows, int64_t cols);

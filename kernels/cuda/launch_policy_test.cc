@@ -287,13 +287,16 @@ TEST(LaunchPolicy, FusedV4PlanNeverLoadsTheBusiestBlockMore) {
         EXPECT_LE(BusiestBlock(p), BusiestBlock(whole)) << jobs << " on " << sms;
         EXPECT_EQ(p.units, jobs - p.cut + p.cut * p.pieces);
         EXPECT_EQ(p.cut == 0, p.pieces == 1);
-        EXPECT_LE(p.cut, std::min(kFusedV4MaxTickets, p.grid));
+        EXPECT_LE(p.cut, std::min(kFusedV4MaxCutJobs, p.grid));
         // The pieces tile the job's slices, each at least the minimum.
         EXPECT_EQ(PieceBegin(0, p.pieces, slices), 0);
         EXPECT_EQ(PieceBegin(p.pieces, p.pieces, slices), slices);
+        auto size = [&](int q) {
+          return PieceBegin(q + 1, p.pieces, slices) - PieceBegin(q, p.pieces, slices);
+        };
         for (int q = 0; p.pieces > 1 && q < p.pieces; ++q) {
-          EXPECT_GE(PieceBegin(q + 1, p.pieces, slices) - PieceBegin(q, p.pieces, slices),
-                    kFusedV4MinPieceSlices);
+          EXPECT_GE(size(q), kFusedV4MinPieceSlices);
+          EXPECT_GE(size(0), size(q));  // piece 0 the largest (CombinePieces)
         }
       }
     }
