@@ -19,7 +19,11 @@
 // row0 (launch_policy.h, FusedJobV2 with col_tile 128). A diagonal job
 // computes its upper triangle's three 64 x 64 blocks (16-bit) or its whole
 // symmetric square (f32: see ConvertSlices); an off-diagonal one, weight
-// 2. Grid: one persistent block per SM, jobs round-robin.
+// 2. Grid: one persistent block per SM, units round-robin: a unit is a
+// job, or, when a launch's last round would leave SMs idle (FusedV4Plan;
+// f32 only, by policy), a K-piece of one of its first jobs, whose partial
+// sums the block finishing the job's last piece adds up (CombinePieces):
+// 480 x 128x4096 f32 0.3070 -> 0.2951 ms in isolated calls (H200 s8-7).
 //
 // Block: 2 consumer warpgroups (warps 0-7), then for 16-bit a producer
 // warpgroup (384 threads; setmaxnreg 40 / 232: two accumulator sets and
