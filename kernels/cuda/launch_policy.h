@@ -146,7 +146,7 @@ inline constexpr LaunchPolicy kFusedPolicyV3Sm90{
 // square (32 x 1024x4096 bf16 0.2532 -> 0.2497 ms isolated, H200 s7-1).
 // "p8" (session 8): tail_pieces_f32 8, f32 jobs of a last round that would
 // leave SMs idle cut into up to 8 K-pieces (FusedV4Plan): 480 x 128x4096
-// f32 0.3070 -> 0.2966 ms isolated (H200 s8-3). 16-bit launches keep whole
+// f32 0.3075 -> 0.2953 ms isolated (H200 s8-7). 16-bit launches keep whole
 // jobs (tail_pieces 1): cut, 480 bf16 and the 1024 case were slower (the
 // partial Grams' combining costs more than their shorter last round saves).
 // Measurements: NOTES.md, fused v4; bench/RESULTS.md, sessions 2 to 8.
