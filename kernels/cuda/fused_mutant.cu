@@ -35,8 +35,9 @@ cudaError_t LaunchFusedV2Mutant(DType dtype, const MatrixDesc* mats,
 
 cudaError_t LaunchFusedV4Mutant(DType dtype, const FusedV4Launch& launch, cudaStream_t stream) {
   if (dtype == DType::kF16) return cudaErrorNotSupported;  // bf16 and f32 instances
-  if (dtype == DType::kF32) return fused_v4::LaunchFusedV4T<float, fused_v4::kMutant>(launch, stream);
-  return fused_v4::LaunchFusedV4T<__nv_bfloat16, fused_v4::kMutant>(launch, stream);
+  namespace v4 = fused_v4;
+  if (dtype == DType::kF32) return v4::LaunchFusedV4T<float, v4::kMutant>(launch, stream);
+  return v4::LaunchFusedV4T<__nv_bfloat16, v4::kMutant>(launch, stream);
 }
 
 const bool kRegistered = [] {
