@@ -305,7 +305,15 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
   return 0;
 }
 
-cudaError_t RunPrepared(const FusedPrepared& f, cudaStream_t s) {
+// After the fused launch that returned `e`: the finalize, unless v4 wrote
+// every PR itself.
+cudaError_t FinalizeUnlessFinished(const FusedPrepared& f, cudaError_t e, cudaStream_t s) {
+  if (e != cudaSuccess || f.finished) return e;
+  return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
+}
+
+// `whole`: v4 with no job cut (FusedPrepared::whole_plan).
+cudaError_t RunPrepared(const FusedPrepared& f, cudaStream_t s, bool whole = false) {
   cudaError_t e = cudaErrorInvalidValue;
   switch (f.kernel) {
     case FusedKernel::kV1Tall:
@@ -316,11 +324,10 @@ cudaError_t RunPrepared(const FusedPrepared& f, cudaStream_t s) {
       break;
     case FusedKernel::kV4:
     case FusedKernel::kV4Triangle:
-      e = LaunchFusedV4(f.dtype, f.V4Launch(), s);
+      e = LaunchFusedV4(f.dtype, f.V4Launch(whole), s);
       break;
   }
-  if (e != cudaSuccess || f.finished) return e;
-  return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
+  return FinalizeUnlessFinished(f, e, s);
 }
 
 int TimeQueued(const std::function<cudaError_t(int)>& launch, int reps, double warm_ms,
@@ -434,9 +441,7 @@ constexpr Contender kContenders[] = {
 cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_t s) {
 #ifdef RVD_V4_PREV
   if (v.prev) {
-    const cudaError_t e = LaunchFusedV4Prev(f.dtype, f.V4Launch(), s);
-    if (e != cudaSuccess || f.finished) return e;
-    return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
+    return FinalizeUnlessFinished(f, LaunchFusedV4Prev(f.dtype, f.V4Launch(), s), s);
   }
 #endif
   if (v.no_finalize) {
@@ -445,12 +450,7 @@ cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_
     l.status = nullptr;
     return LaunchFusedV4(f.dtype, l, s);
   }
-  if (v.whole) {
-    const cudaError_t e = LaunchFusedV4(f.dtype, f.V4Launch(/*whole=*/true), s);
-    if (e != cudaSuccess || f.finished) return e;
-    return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);
-  }
-  if (v.v4_mode == fused_v4::kLive) return RunPrepared(f, s);
+  if (v.v4_mode == fused_v4::kLive) return RunPrepared(f, s, v.whole);
   const cudaError_t e = LaunchFusedV4Probe(v.v4_mode, f.dtype, f.V4Launch(), s);
   if (e != cudaSuccess) return e;
   return LaunchFinalize(f.desc, f.jb, f.m, f.g2, f.tr, f.mx, f.pr, f.st, s);

@@ -932,9 +932,9 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     const int chain =
         !L::kF32 && kMode != kProbeChain1 && desc.n > kTile ? kLargeChainSlices : 1;
     // The matrix's only job (Gram side <= 128): its PR from this block.
-    const bool whole = pr != nullptr && desc.n <= kTile;
-    double* const job_pr = whole ? pr + job.matrix : nullptr;
-    int32_t* const job_status = whole ? status + job.matrix : nullptr;
+    const bool one_job = pr != nullptr && desc.n <= kTile;
+    double* const job_pr = one_job ? pr + job.matrix : nullptr;
+    int32_t* const job_status = one_job ? status + job.matrix : nullptr;
     const int chains = (slices + chain - 1) / chain;
     const bool diag = job.diagonal != 0;
     const bool one_tile = diag || kMode == kProbeBIsA;
