@@ -33,7 +33,7 @@ def roofline(bench, torch, out):
         n = min(t["rows"], t["cols"])
         flops = t["batch"] * n * n * max(t["rows"], t["cols"])  # upper triangle x 2
         intensity = flops / nbytes
-        for key, marker, name in (("kernel_ms", "o", "fused"),
+        for key, marker, name in (("isolated_ms", "o", "fused"),
                                   ("algebraic_call_ms", "s", "algebraic (cuBLAS)")):
             if key in t:
                 ax.scatter(intensity, flops / (t[key] * 1e-3) / 1e12, marker=marker,

@@ -40,6 +40,12 @@ struct MatrixView {
   DType dtype = DType::kF32;
 };
 
+// The same matrix in the same place.
+inline bool operator==(const MatrixView& a, const MatrixView& b) {
+  return a.data == b.data && a.rows == b.rows && a.cols == b.cols && a.ld == b.ld &&
+         a.dtype == b.dtype;
+}
+
 // Which estimator to run, and its parameters.
 struct VariantSpec {
   std::string name;           // empty: the backend's default
@@ -82,8 +88,10 @@ class Engine {
 
   // Seconds spent so far per phase of ComputePR, cumulative, for /metrics
   // (rvd_engine_seconds_total). CUDA: "h2d" (device time of host-to-device
-  // copies) and "compute" (the rest of the calls' wall time: kernels,
-  // planning, results). Backends without phases return none.
+  // copies), "plan" (host time planning fused calls: jobs, schedules,
+  // tensor maps; none for a call that repeats its context's last) and
+  // "compute" (the rest of the calls' wall time: kernels, results).
+  // Backends without phases return none.
   virtual std::map<std::string, double> PhaseSeconds() const { return {}; }
 
   // Host memory this engine copies from fastest, for the daemon's pooled

@@ -69,6 +69,28 @@ struct PinnedBuffer {
   uint64_t size = 0;
 };
 
+// A fused call as planned on the host: the order of its results, its
+// launches, and where its descriptors (Context::descriptors) and outputs
+// (Context::work) lie. Kept per context, keyed by the call's views, so that
+// a repeated call launches it again (Runner::EnqueueFused).
+struct FusedCall {
+  std::vector<MatrixView> views;  // the key; empty: nothing to reuse
+  std::vector<size_t> order;      // result slot s holds matrix order[s]
+  struct Launch {
+    DType dtype = DType::kF32;
+    FusedKernel kernel = FusedKernel::kV3;
+    int64_t matrices = 0;
+    int j0 = 0, jobs = 0;  // the launch's first job (g2, trace, maxabs) and count
+    int list0 = 0;         // its first job in the v1 or v2 job list
+    bool offdiag = false;
+    FusedV4Plan plan;
+  };
+  std::vector<Launch> launches;
+  bool finished = true;  // fused v4 writes every PR: no finalize
+  uint64_t o_desc = 0, o_jobs = 0, o_jobs2 = 0, o_jb = 0, o_maps = 0;  // descriptors
+  uint64_t o_g2 = 0, o_tr = 0, o_mx = 0, o_pr = 0, o_st = 0, o_part = 0;  // work
+};
+
 struct Context {
   CudaEngine* engine = nullptr;
   cudaStream_t stream = nullptr;
@@ -76,7 +98,8 @@ struct Context {
   cusolverDnHandle_t cusolver = nullptr;  // created on first use
   DeviceBuffer input;   // packed host inputs
   DeviceBuffer shared;  // host ranges that several views share, uploaded once
-  DeviceBuffer work;    // descriptors, partial sums, workspaces
+  DeviceBuffer descriptors;  // the fused call's descriptors, jobs and tensor maps
+  DeviceBuffer work;    // partial sums, results, workspaces
   DeviceBuffer tickets;  // fused v4's cut-job tickets: zeroed once, left zero by the kernel
   PinnedBuffer staging;  // host inputs, packed
   PinnedBuffer up;       // descriptors on their way to the device
@@ -90,6 +113,7 @@ struct Context {
   size_t first = 0;      // batch index of the chunk's first matrix
   std::vector<size_t> order;  // down's slot s holds chunk matrix order[s]
   std::vector<MatrixView> device_views;  // the chunk's device views
+  FusedCall fused;  // the last fused call, on `descriptors`
 
   absl::Status EnsureDevice(DeviceBuffer& b, uint64_t bytes) {
     if (b.size >= bytes) return absl::OkStatus();
@@ -171,7 +195,7 @@ struct Context {
     if (stream != nullptr) cudaStreamSynchronize(stream);
     if (cublas != nullptr) cublasDestroy(cublas);
     if (cusolver != nullptr) cusolverDnDestroy(cusolver);
-    for (DeviceBuffer* b : {&input, &shared, &work, &tickets}) {
+    for (DeviceBuffer* b : {&input, &shared, &descriptors, &work, &tickets}) {
       if (b->ptr != nullptr) {
         cudaFree(b->ptr);
         engine->Uncharge(b->size);
@@ -384,7 +408,32 @@ class Runner {
   // (FusedV4Plan) only on its job count: the same call gives the same bits.
   // (A matrix whose job an f32 launch cut into pieces gets other bits than
   // alone, within the same error.)
+  //
+  // A call whose views are the context's previous fused call's (a model's
+  // live weights, or the context's own input buffer, measured again)
+  // launches that call's plan again: its descriptors are still on the
+  // device, so no planning, no tensor-map encoding and no upload.
   absl::Status EnqueueFused(Context& ctx) {
+    FusedCall& call = ctx.fused;
+    if (call.views != ctx.device_views) {
+      const auto start = std::chrono::steady_clock::now();
+      call = FusedCall{};
+      absl::Status s = PlanFused(ctx, call);
+      if (!s.ok()) return s;  // call.views stays empty: no reuse
+      call.views = ctx.device_views;
+      engine_->AddPlanTime(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count());
+    } else {
+      engine_->Count("fused_plan_reused", static_cast<int64_t>(call.views.size()));
+    }
+    ctx.order = call.order;
+    return LaunchFusedCall(ctx, call);
+  }
+
+  // The host half of a fused call: jobs, schedules and descriptors into
+  // `call`, uploaded to ctx.descriptors.
+  absl::Status PlanFused(Context& ctx, FusedCall& call) {
     const auto& views = ctx.device_views;
     const size_t m = views.size();
     std::vector<MatrixDesc> by_index(m);
@@ -397,103 +446,121 @@ class Runner {
     auto key = [&](size_t i) {  // (dtype, kernel)
       return 256 * static_cast<int>(views[i].dtype) + static_cast<int>(kernel[i]);
     };
-    ctx.order.resize(m);
-    std::iota(ctx.order.begin(), ctx.order.end(), size_t{0});
-    std::stable_sort(ctx.order.begin(), ctx.order.end(),
+    std::vector<size_t>& order = call.order;
+    order.resize(m);
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(),
                      [&](size_t a, size_t b) { return key(a) < key(b); });
     std::vector<MatrixDesc> descs(m);
-    jobs_.clear();
-    jobs2_.clear();
-    job_begin_.assign(1, 0);
-    std::vector<int32_t> list_begin(m + 1, 0);  // offset in jobs_ or jobs2_
+    std::vector<FusedJob> jobs;       // v1 (tall matrices)
+    std::vector<FusedJobV2> jobs2;    // v3 and v4 (wide matrices)
+    std::vector<int32_t> job_begin(1, 0);
+    std::vector<int32_t> list_begin(m + 1, 0);  // offset in jobs or jobs2
     bool any_v4 = false;
     for (size_t s = 0; s < m; ++s) {
-      descs[s] = by_index[ctx.order[s]];
-      const FusedKernel k = kernel[ctx.order[s]];
+      descs[s] = by_index[order[s]];
+      const FusedKernel k = kernel[order[s]];
       const int64_t side[1] = {descs[s].n};
       if (k == FusedKernel::kV1Tall) {
-        list_begin[s] = static_cast<int32_t>(jobs_.size());
+        list_begin[s] = static_cast<int32_t>(jobs.size());
         std::vector<FusedJob> one;
         std::vector<int32_t> jb;
         EnumerateFusedJobs(side, kFusedPolicySm90.block_tile, &one, &jb);
         for (FusedJob j : one) {
           j.matrix = static_cast<int32_t>(s);
-          jobs_.push_back(j);
+          jobs.push_back(j);
         }
-        job_begin_.push_back(job_begin_.back() + static_cast<int32_t>(one.size()));
+        job_begin.push_back(job_begin.back() + static_cast<int32_t>(one.size()));
       } else {
         any_v4 |= IsFusedV4(k);
-        list_begin[s] = static_cast<int32_t>(jobs2_.size());
-        AppendFusedJobsV2(static_cast<int32_t>(s), side[0], FusedPolicyOf(k), &jobs2_);
-        job_begin_.push_back(static_cast<int32_t>(jobs_.size() + jobs2_.size()));
+        list_begin[s] = static_cast<int32_t>(jobs2.size());
+        AppendFusedJobsV2(static_cast<int32_t>(s), side[0], FusedPolicyOf(k), &jobs2);
+        job_begin.push_back(static_cast<int32_t>(jobs.size() + jobs2.size()));
       }
     }
     // One launch per run of matrices with the same (dtype, kernel); v4's
     // with its schedule, whose partial Grams (a cut plan's) share one region
     // of the work buffer: the launches run in stream order.
-    struct Run {
-      size_t s0, s1;
-      FusedV4Plan plan;
-    };
-    std::vector<Run> runs;
     int64_t partial_bytes = 0;
     for (size_t s0 = 0; s0 < m;) {
-      const FusedKernel k = kernel[ctx.order[s0]];
+      FusedCall::Launch l;
+      l.kernel = kernel[order[s0]];
+      l.dtype = views[order[s0]].dtype;
       size_t s1 = s0;
       int min_slices = std::numeric_limits<int>::max();
-      for (; s1 < m && key(ctx.order[s1]) == key(ctx.order[s0]); ++s1) {
+      for (; s1 < m && key(order[s1]) == key(order[s0]); ++s1) {
         min_slices = std::min(min_slices, FusedV4Slices(descs[s1].cols));
       }
-      Run run{s0, s1, {}};
-      if (IsFusedV4(k)) {
-        run.plan = PlanFusedV4(job_begin_[s1] - job_begin_[s0], engine_->sms_, min_slices,
-                               FusedV4TailPieces(k, views[ctx.order[s0]].dtype));
-        partial_bytes = std::max(partial_bytes, FusedV4PartialBytes(run.plan));
+      l.matrices = static_cast<int64_t>(s1 - s0);
+      l.j0 = job_begin[s0];
+      l.jobs = job_begin[s1] - l.j0;
+      l.list0 = list_begin[s0];
+      for (int j = 0; j < l.jobs; ++j) {
+        l.offdiag |= !(l.kernel == FusedKernel::kV1Tall ? jobs[l.list0 + j].diagonal
+                                                         : jobs2[l.list0 + j].diagonal);
       }
-      runs.push_back(run);
+      if (IsFusedV4(l.kernel)) {
+        l.plan = PlanFusedV4(l.jobs, engine_->sms_, min_slices,
+                             FusedV4TailPieces(l.kernel, l.dtype));
+        partial_bytes = std::max(partial_bytes, FusedV4PartialBytes(l.plan));
+      }
+      call.launches.push_back(l);
       s0 = s1;
     }
-    const size_t nj = jobs_.size() + jobs2_.size();
+    // A call whose matrices fused v4 finishes in the kernel needs no
+    // finalize.
+    for (size_t s = 0; s < m; ++s) {
+      call.finished &= FusedV4FinishesMatrix(kernel[order[s]], descs[s].n);
+    }
+    const size_t nj = jobs.size() + jobs2.size();
     Layout up;
-    const uint64_t o_desc = up.Add(m * sizeof(MatrixDesc));
-    const uint64_t o_jobs = up.Add(jobs_.size() * sizeof(FusedJob));
-    const uint64_t o_jobs2 = up.Add(jobs2_.size() * sizeof(FusedJobV2));
-    const uint64_t o_jb = up.Add((m + 1) * sizeof(int32_t));
-    const uint64_t o_maps = up.Add(any_v4 ? m * kTensorMapBytes : 0);  // 256-aligned
-    Layout work = up;
-    const uint64_t o_g2 = work.Add(nj * sizeof(double));
-    const uint64_t o_tr = work.Add(nj * sizeof(double));
-    const uint64_t o_mx = work.Add(nj * sizeof(float));
-    const uint64_t o_pr = work.Add(m * sizeof(double));
-    const uint64_t o_st = work.Add(m * sizeof(int32_t));
-    const uint64_t o_part = work.Add(partial_bytes);
+    call.o_desc = up.Add(m * sizeof(MatrixDesc));
+    call.o_jobs = up.Add(jobs.size() * sizeof(FusedJob));
+    call.o_jobs2 = up.Add(jobs2.size() * sizeof(FusedJobV2));
+    call.o_jb = up.Add((m + 1) * sizeof(int32_t));
+    call.o_maps = up.Add(any_v4 ? m * kTensorMapBytes : 0);  // 256-aligned
+    Layout work;
+    call.o_g2 = work.Add(nj * sizeof(double));
+    call.o_tr = work.Add(nj * sizeof(double));
+    call.o_mx = work.Add(nj * sizeof(float));
+    call.o_pr = work.Add(m * sizeof(double));
+    call.o_st = work.Add(m * sizeof(int32_t));
+    call.o_part = work.Add(partial_bytes);
     absl::Status s = ctx.EnsurePinned(ctx.up, up.size());
     if (s.ok()) s = ctx.EnsurePinned(ctx.down, m * (sizeof(double) + sizeof(int32_t)));
+    if (s.ok()) s = ctx.EnsureDevice(ctx.descriptors, up.size());
     if (s.ok()) s = ctx.EnsureDevice(ctx.work, work.size());
     if (s.ok() && partial_bytes > 0) s = ctx.EnsureTickets();
     if (!s.ok()) return s;
-    std::memcpy(At<void>(ctx.up.ptr, o_desc), descs.data(), m * sizeof(MatrixDesc));
-    if (!jobs_.empty()) {
-      std::memcpy(At<void>(ctx.up.ptr, o_jobs), jobs_.data(), jobs_.size() * sizeof(FusedJob));
+    std::memcpy(At<void>(ctx.up.ptr, call.o_desc), descs.data(), m * sizeof(MatrixDesc));
+    if (!jobs.empty()) {
+      std::memcpy(At<void>(ctx.up.ptr, call.o_jobs), jobs.data(), jobs.size() * sizeof(FusedJob));
     }
-    if (!jobs2_.empty()) {
-      std::memcpy(At<void>(ctx.up.ptr, o_jobs2), jobs2_.data(),
-                  jobs2_.size() * sizeof(FusedJobV2));
+    if (!jobs2.empty()) {
+      std::memcpy(At<void>(ctx.up.ptr, call.o_jobs2), jobs2.data(),
+                  jobs2.size() * sizeof(FusedJobV2));
     }
-    std::memcpy(At<void>(ctx.up.ptr, o_jb), job_begin_.data(), (m + 1) * sizeof(int32_t));
+    std::memcpy(At<void>(ctx.up.ptr, call.o_jb), job_begin.data(), (m + 1) * sizeof(int32_t));
     for (size_t i = 0; any_v4 && i < m; ++i) {
-      if (!IsFusedV4(kernel[ctx.order[i]])) continue;
+      if (!IsFusedV4(kernel[order[i]])) continue;
       RVD_CUDA_RETURN_IF_ERROR(EncodeFusedV4Map(
-          views[ctx.order[i]].dtype, descs[i],
-          At<unsigned char>(ctx.up.ptr, o_maps) + i * kTensorMapBytes));
+          views[order[i]].dtype, descs[i],
+          At<unsigned char>(ctx.up.ptr, call.o_maps) + i * kTensorMapBytes));
     }
-    void* w = ctx.work.ptr;
-    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(w, ctx.up.ptr, up.size(),
+    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ctx.descriptors.ptr, ctx.up.ptr, up.size(),
                                              cudaMemcpyHostToDevice, ctx.stream));
-    const auto* d_desc = At<MatrixDesc>(w, o_desc);
-    const auto* d_jobs = At<FusedJob>(w, o_jobs);
-    const auto* d_jobs2 = At<FusedJobV2>(w, o_jobs2);
-    const void* d_maps = At<void>(w, o_maps);
+    return absl::OkStatus();
+  }
+
+  // The device half: `call`'s launches on its descriptors, the finalize,
+  // results down.
+  absl::Status LaunchFusedCall(Context& ctx, const FusedCall& call) {
+    void* const d = ctx.descriptors.ptr;
+    void* const w = ctx.work.ptr;
+    const auto* d_desc = At<MatrixDesc>(d, call.o_desc);
+    const auto* d_jobs = At<FusedJob>(d, call.o_jobs);
+    const auto* d_jobs2 = At<FusedJobV2>(d, call.o_jobs2);
+    const void* d_maps = At<void>(d, call.o_maps);
     FusedLauncher launch = &LaunchFused;
     FusedV2Launcher launch2 = &LaunchFusedV2;
     FusedV4Launcher launch4 = &LaunchFusedV4;
@@ -506,63 +573,47 @@ class Runner {
       launch2 = g_fused_v2_mutant_launcher;
       launch4 = g_fused_v4_mutant_launcher;
     }
-    for (const Run& run : runs) {
-      const size_t s0 = run.s0, s1 = run.s1;
-      const DType dt = views[ctx.order[s0]].dtype;
-      const FusedKernel k = kernel[ctx.order[s0]];
-      const int j0 = job_begin_[s0], j1 = job_begin_[s1];
-      const int l0 = list_begin[s0];
-      double* g2 = At<double>(w, o_g2) + j0;
-      double* tr = At<double>(w, o_tr) + j0;
-      float* mx = At<float>(w, o_mx) + j0;
-      bool offdiag = false;
-      for (int j = 0; j < j1 - j0; ++j) {
-        const bool diagonal = k == FusedKernel::kV1Tall ? jobs_[l0 + j].diagonal
-                                                        : jobs2_[l0 + j].diagonal;
-        offdiag |= !diagonal;
-      }
-      switch (k) {
+    for (const FusedCall::Launch& l : call.launches) {
+      double* g2 = At<double>(w, call.o_g2) + l.j0;
+      double* tr = At<double>(w, call.o_tr) + l.j0;
+      float* mx = At<float>(w, call.o_mx) + l.j0;
+      switch (l.kernel) {
         case FusedKernel::kV1Tall:
-          RVD_CUDA_RETURN_IF_ERROR(
-              launch(dt, d_desc, d_jobs + l0, j1 - j0, offdiag, g2, tr, mx, ctx.stream));
+          RVD_CUDA_RETURN_IF_ERROR(launch(l.dtype, d_desc, d_jobs + l.list0, l.jobs, l.offdiag,
+                                          g2, tr, mx, ctx.stream));
           break;
         case FusedKernel::kV3:
-          RVD_CUDA_RETURN_IF_ERROR(
-              launch2(dt, d_desc, d_jobs2 + l0, j1 - j0, offdiag, g2, tr, mx, ctx.stream));
+          RVD_CUDA_RETURN_IF_ERROR(launch2(l.dtype, d_desc, d_jobs2 + l.list0, l.jobs,
+                                           l.offdiag, g2, tr, mx, ctx.stream));
           break;
         case FusedKernel::kV4:
         case FusedKernel::kV4Triangle: {
-          const FusedV4Launch l{d_maps,
-                                d_desc,
-                                d_jobs2 + l0,
-                                run.plan,
-                                At<float>(w, o_part),
-                                static_cast<int32_t*>(ctx.tickets.ptr),
-                                k == FusedKernel::kV4Triangle,
-                                g2,
-                                tr,
-                                mx,
-                                At<double>(w, o_pr),
-                                At<int32_t>(w, o_st)};
-          RVD_CUDA_RETURN_IF_ERROR(launch4(dt, l, ctx.stream));
+          const FusedV4Launch v4{d_maps,
+                                 d_desc,
+                                 d_jobs2 + l.list0,
+                                 l.plan,
+                                 At<float>(w, call.o_part),
+                                 static_cast<int32_t*>(ctx.tickets.ptr),
+                                 l.kernel == FusedKernel::kV4Triangle,
+                                 g2,
+                                 tr,
+                                 mx,
+                                 At<double>(w, call.o_pr),
+                                 At<int32_t>(w, call.o_st)};
+          RVD_CUDA_RETURN_IF_ERROR(launch4(l.dtype, v4, ctx.stream));
           break;
         }
       }
-      fused_served_[FusedCountKey(FusedPolicyOf(k))] += static_cast<int64_t>(s1 - s0);
+      fused_served_[FusedCountKey(FusedPolicyOf(l.kernel))] += l.matrices;
     }
-    // A call whose matrices fused v4 finishes in the kernel needs no
-    // finalize.
-    bool finished = true;
-    for (size_t s = 0; s < m; ++s) {
-      finished &= FusedV4FinishesMatrix(kernel[ctx.order[s]], descs[s].n);
-    }
-    if (!finished) {
+    const int m = static_cast<int>(call.views.size());
+    if (!call.finished) {
       RVD_CUDA_RETURN_IF_ERROR(LaunchFinalize(
-          d_desc, At<int32_t>(w, o_jb), static_cast<int>(m), At<double>(w, o_g2),
-          At<double>(w, o_tr), At<float>(w, o_mx), At<double>(w, o_pr),
-          At<int32_t>(w, o_st), ctx.stream));
+          d_desc, At<int32_t>(d, call.o_jb), m, At<double>(w, call.o_g2),
+          At<double>(w, call.o_tr), At<float>(w, call.o_mx), At<double>(w, call.o_pr),
+          At<int32_t>(w, call.o_st), ctx.stream));
     }
-    return Download(ctx, At<double>(w, o_pr), At<int32_t>(w, o_st), m);
+    return Download(ctx, At<double>(w, call.o_pr), At<int32_t>(w, call.o_st), m);
   }
 
   absl::Status Download(Context& ctx, const double* d_pr, const int32_t* d_st,
@@ -1063,9 +1114,6 @@ class Runner {
   VariantSpec spec_;
   Kind kind_;
   bool use_mutant_;
-  std::vector<FusedJob> jobs_;     // v1 (tall matrices)
-  std::vector<FusedJobV2> jobs2_;  // v2 (wide matrices)
-  std::vector<int32_t> job_begin_;
   std::map<std::string, int64_t> fused_served_;  // policy key -> matrices
   std::vector<double> results_;  // naive and estimators, chunk order
   uint64_t work_extra_ = 0;
@@ -1201,6 +1249,11 @@ void CudaEngine::AddCopyTime(double copy_ms) {
   copy_ms_ += copy_ms;
 }
 
+void CudaEngine::AddPlanTime(double plan_ms) {
+  absl::MutexLock lock(&mu_);
+  plan_ms_ += plan_ms;
+}
+
 void* CudaEngine::AllocateHostBuffer(uint64_t bytes) {
   void* p = nullptr;
   if (cudaSetDevice(options_.device) != cudaSuccess ||
@@ -1215,7 +1268,9 @@ void CudaEngine::FreeHostBuffer(void* p) { cudaFreeHost(p); }
 
 std::map<std::string, double> CudaEngine::PhaseSeconds() const {
   absl::MutexLock lock(&mu_);
-  return {{"h2d", copy_ms_ / 1e3}, {"compute", std::max(0.0, call_ms_ - copy_ms_) / 1e3}};
+  return {{"h2d", copy_ms_ / 1e3},
+          {"plan", plan_ms_ / 1e3},
+          {"compute", std::max(0.0, call_ms_ - copy_ms_ - plan_ms_) / 1e3}};
 }
 
 namespace {

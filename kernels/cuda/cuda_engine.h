@@ -103,6 +103,9 @@ class CudaEngine : public Engine {
   // Adds a host call's wall time and the copy time its contexts measured.
   void AddCallTime(double call_ms);
   void AddCopyTime(double copy_ms);
+  // Adds the host time of planning a fused call (jobs, schedules, tensor
+  // maps, the descriptors' upload).
+  void AddPlanTime(double plan_ms);
 
   CudaEngineOptions options_;
   std::string version_;
@@ -117,6 +120,7 @@ class CudaEngine : public Engine {
   std::map<std::string, int64_t> served_ ABSL_GUARDED_BY(mu_);
   double call_ms_ ABSL_GUARDED_BY(mu_) = 0.0;  // ComputePR wall time
   double copy_ms_ ABSL_GUARDED_BY(mu_) = 0.0;  // host-to-device copies
+  double plan_ms_ ABSL_GUARDED_BY(mu_) = 0.0;  // fused calls' planning
 };
 
 }  // namespace rvd::cuda

@@ -360,6 +360,72 @@ TEST_F(CudaEngineTest, FusedIsBitwiseDeterministic) {
   }
 }
 
+// A call that repeats its context's last fused call (the same views)
+// launches that call's plan again: the same bits, the data read afresh (the
+// plan holds where the matrices are, not what they hold), and a call with
+// other views is planned anew.
+TEST_F(CudaEngineTest, RepeatedCallReusesItsPlan) {
+  std::vector<StoredMatrix> suite;
+  int i = 0;
+  for (const Shape& sh :
+       std::vector<Shape>{{128, 4096}, {4096, 128}, {257, 3001}, {1, 512}, {128, 4096}}) {
+    for (DType dt : {DType::kBF16, DType::kF32, DType::kF16}) {
+      const Spectrum sp = static_cast<Spectrum>(i++ % 4);
+      suite.push_back(Store(MakeMatrix(rng_, sh.rows, sh.cols, sp), sh.rows, sh.cols, dt, 0,
+                            SpectrumName(sp)));
+    }
+  }
+  const std::vector<double> ref = Oracle(suite);
+  DeviceSuite d;
+  ToDevice(suite, 0, &d);
+  auto reused = [&] { return engine_->ServedCounts()["fused_plan_reused"]; };
+  auto run = [&](const std::vector<MatrixView>& views) {
+    std::vector<double> out = Poisoned(views.size());
+    absl::Status s = engine_->ComputePRDevice(views, {}, absl::MakeSpan(out), nullptr);
+    EXPECT_TRUE(s.ok()) << s;
+    return out;
+  };
+  const int64_t m = static_cast<int64_t>(suite.size());
+  const std::vector<double> first = run(d.views);
+  Check(first, ref, suite, "planned");
+  const int64_t r0 = reused();
+  const std::vector<double> again = run(d.views);
+  EXPECT_EQ(reused(), r0 + m);
+  EXPECT_EQ(std::memcmp(first.data(), again.data(), first.size() * sizeof(double)), 0);
+
+  // New contents in the same place: the plan is reused and the new PR read.
+  StoredMatrix other = Store(MakeMatrix(rng_, 128, 4096, Spectrum::kRankOne), 128, 4096,
+                             suite[0].view.dtype, 0, "rank-1 in place of matrix 0");
+  ASSERT_EQ(cudaMemcpy(d.buffers[0], other.bytes.data(), other.bytes.size(),
+                       cudaMemcpyHostToDevice),
+            cudaSuccess);
+  std::vector<StoredMatrix> changed = suite;
+  changed[0] = other;
+  const std::vector<double> changed_ref = Oracle(changed);
+  Check(run(d.views), changed_ref, changed, "same views, new contents");
+  EXPECT_EQ(reused(), r0 + 2 * m);
+
+  // Two views of the same shape and dtype swapped (matrices 0 and 12, both
+  // 128x4096 bf16, now rank-1 and flat): planned anew, results follow the
+  // views.
+  std::vector<MatrixView> swapped = d.views;
+  std::swap(swapped[0], swapped[12]);
+  std::vector<StoredMatrix> swapped_suite = changed;
+  std::swap(swapped_suite[0], swapped_suite[12]);
+  Check(run(swapped), Oracle(swapped_suite), swapped_suite, "swapped views");
+  EXPECT_EQ(reused(), r0 + 2 * m);
+
+  // Host batches: the second call's chunk lands in the same input buffer,
+  // so its plan is reused too.
+  std::vector<double> host_a = Poisoned(suite.size()), host_b = Poisoned(suite.size());
+  ASSERT_TRUE(engine_->ComputePR(Views(suite), {}, absl::MakeSpan(host_a)).ok());
+  const int64_t r1 = reused();
+  ASSERT_TRUE(engine_->ComputePR(Views(suite), {}, absl::MakeSpan(host_b)).ok());
+  EXPECT_EQ(reused(), r1 + m);
+  Check(host_b, ref, suite, "host batch, plan reused");
+  EXPECT_EQ(std::memcmp(host_a.data(), host_b.data(), host_a.size() * sizeof(double)), 0);
+}
+
 TEST_F(CudaEngineTest, ZeroMatrixIsZeroEverywhere) {
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
     std::vector<double> zeros(64 * 300, 0.0);
