@@ -2,9 +2,10 @@
 (32 layers of GQA v_proj, 8 kv heads x 128 x 4096, bf16: 256 head matrices,
 256 MiB) from rvctl through rvd with the CUDA backend. Splits the time into
 read (rvctl maps and checks the checkpoint), transfer (rvd receives the
-stream), engine (host-to-device copies and compute; split by the growth of
-rvd_engine_seconds_total{phase="h2d"|"compute"} in /metrics around each
-call) and the rest.
+stream), engine (host-to-device copies, planning and compute; split by the
+growth of rvd_engine_seconds_total{phase="h2d"|"plan"|"compute"} in
+/metrics around each call) and the rest. Also counts the matrices whose
+call reused its plan (rvd_engine_matrices_total{path="fused_plan_reused"}).
 
   python3 bench/e2e_gpu.py [--rounds 5] [--backend cuda]
 """
@@ -23,8 +24,9 @@ import numpy as np  # noqa: E402
 from rvdtest import RVCTL, Daemon, to_bf16, write_safetensors  # noqa: E402
 
 
-def phase_seconds(daemon):
-    """rvd_engine_seconds_total by phase, from the daemon's /metrics."""
+def engine_counters(daemon):
+    """rvd_engine_seconds_total by phase, and the matrices whose plan was
+    reused, from the daemon's /metrics."""
     text = urllib.request.urlopen(f"http://{daemon.metrics_address}/metrics",
                                   timeout=5).read().decode()
     out = {}
@@ -32,6 +34,8 @@ def phase_seconds(daemon):
         if line.startswith("rvd_engine_seconds_total{"):
             phase = line.split('phase="')[1].split('"')[0]
             out[phase] = float(line.split()[-1])
+        elif line.startswith("rvd_engine_matrices_total{") and 'path="fused_plan_reused"' in line:
+            out["plans_reused"] = float(line.split()[-1])
     return out
 
 
@@ -61,12 +65,13 @@ def main():
                "--model-id", "llama-7b-heads", "--per-head", "--json"]
         subprocess.run(cmd, capture_output=True, check=True)  # warm-up
         for _ in range(args.rounds):
-            before = phase_seconds(d)
+            before = engine_counters(d)
             out = json.loads(subprocess.run(cmd, capture_output=True, text=True,
                                             check=True).stdout)
-            after = phase_seconds(d)
-            for phase in ("h2d", "compute"):
+            after = engine_counters(d)
+            for phase in ("h2d", "plan", "compute"):
                 out[f"{phase}_ms"] = 1e3 * (after.get(phase, 0.0) - before.get(phase, 0.0))
+            out["plans_reused"] = after.get("plans_reused", 0) - before.get("plans_reused", 0)
             rows.append(out)
     finally:
         d.stop()
@@ -75,19 +80,21 @@ def main():
         return statistics.median(r[key] for r in rows)
     read, total = med("client_load_ms"), med("client_round_trip_ms")
     receive, engine = med("receive_ms"), med("elapsed_ms")
-    h2d, compute = med("h2d_ms"), med("compute_ms")
+    h2d, plan, compute = med("h2d_ms"), med("plan_ms"), med("compute_ms")
     nbytes = args.layers * 1024 * 4096 * 2
     print(json.dumps({"rounds": args.rounds, "bytes": nbytes, "backend": rows[0]["backend"],
                       "variant": rows[0]["variant"], "engine_version": rows[0]["engine_version"],
                       "read_ms": read, "transfer_ms": receive, "engine_ms": engine,
-                      "h2d_ms": h2d, "compute_ms": compute,
+                      "h2d_ms": h2d, "plan_ms": plan, "compute_ms": compute,
+                      "plans_reused_per_round": med("plans_reused"),
                       "round_trip_ms": total, "other_ms": total - receive - engine,
                       "engine_ms_all": [r["elapsed_ms"] for r in rows],
                       "round_trip_ms_all": [r["client_round_trip_ms"] for r in rows]}))
     print(f"{nbytes / 2**20:.0f} MiB, {args.layers} layers + {args.layers * 8} heads, "
           f"{rows[0]['backend']}/{rows[0]['variant']} ({rows[0]['engine_version']})")
     print(f"read {read:.1f} ms | transfer {receive:.1f} ms ({nbytes / receive / 1e6:.2f} GB/s) | "
-          f"engine {engine:.2f} ms (H2D {h2d:.2f} + compute {compute:.2f}) | "
+          f"engine {engine:.2f} ms (H2D {h2d:.2f} + plan {plan:.2f} + compute {compute:.2f}; "
+          f"{med('plans_reused'):.0f} matrices on a reused plan) | "
           f"round trip {total:.1f} ms")
 
 

@@ -108,6 +108,9 @@ struct Context {
   // first use); copy_recorded until their time is taken.
   cudaEvent_t copy_begin = nullptr, copy_end = nullptr;
   bool copy_recorded = false;
+  // A caller's stream's work so far, which this context's work waits for
+  // (ComputePRDevice; created on first use).
+  cudaEvent_t caller_ready = nullptr;
   // What the last enqueued chunk left in `down`, for Collect.
   size_t pending = 0;    // matrices; 0 when nothing is pending
   size_t first = 0;      // batch index of the chunk's first matrix
@@ -206,7 +209,7 @@ struct Context {
       if (b->ptr != nullptr) cudaFreeHost(b->ptr);
       *b = PinnedBuffer{};
     }
-    for (cudaEvent_t* e : {&copy_begin, &copy_end}) {
+    for (cudaEvent_t* e : {&copy_begin, &copy_end, &caller_ready}) {
       if (*e != nullptr) cudaEventDestroy(*e);
       *e = nullptr;
     }
@@ -230,6 +233,10 @@ class Layout {
  private:
   uint64_t size_ = 0;
 };
+
+// A call's results as the device writes them and ctx.down receives them:
+// m PRs (double), then m statuses (int32).
+uint64_t ResultsBytes(size_t m) { return m * (sizeof(double) + sizeof(int32_t)); }
 
 template <typename T>
 T* At(void* base, uint64_t offset) {
@@ -523,11 +530,11 @@ class Runner {
     call.o_g2 = work.Add(nj * sizeof(double));
     call.o_tr = work.Add(nj * sizeof(double));
     call.o_mx = work.Add(nj * sizeof(float));
-    call.o_pr = work.Add(m * sizeof(double));
-    call.o_st = work.Add(m * sizeof(int32_t));
+    call.o_pr = work.Add(ResultsBytes(m));
+    call.o_st = call.o_pr + m * sizeof(double);
     call.o_part = work.Add(partial_bytes);
     absl::Status s = ctx.EnsurePinned(ctx.up, up.size());
-    if (s.ok()) s = ctx.EnsurePinned(ctx.down, m * (sizeof(double) + sizeof(int32_t)));
+    if (s.ok()) s = ctx.EnsurePinned(ctx.down, ResultsBytes(m));
     if (s.ok()) s = ctx.EnsureDevice(ctx.descriptors, up.size());
     if (s.ok()) s = ctx.EnsureDevice(ctx.work, work.size());
     if (s.ok() && partial_bytes > 0) s = ctx.EnsureTickets();
@@ -613,17 +620,14 @@ class Runner {
           At<double>(w, call.o_tr), At<float>(w, call.o_mx), At<double>(w, call.o_pr),
           At<int32_t>(w, call.o_st), ctx.stream));
     }
-    return Download(ctx, At<double>(w, call.o_pr), At<int32_t>(w, call.o_st), m);
+    return Download(ctx, At<void>(w, call.o_pr), m);
   }
 
-  absl::Status Download(Context& ctx, const double* d_pr, const int32_t* d_st,
-                        size_t m) {
-    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ctx.down.ptr, d_pr,
-                                             m * sizeof(double),
+  // The results (ResultsBytes: m PRs, then m statuses) into ctx.down, in
+  // one copy.
+  absl::Status Download(Context& ctx, const void* d_results, size_t m) {
+    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ctx.down.ptr, d_results, ResultsBytes(m),
                                              cudaMemcpyDeviceToHost, ctx.stream));
-    RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-        At<void>(ctx.down.ptr, m * sizeof(double)), d_st, m * sizeof(int32_t),
-        cudaMemcpyDeviceToHost, ctx.stream));
     return absl::OkStatus();
   }
 
@@ -685,11 +689,11 @@ class Runner {
     const uint64_t o_g2 = work.Add(m * sizeof(double));
     const uint64_t o_tr = work.Add(m * sizeof(double));
     const uint64_t o_mx = work.Add(m * sizeof(float));
-    const uint64_t o_pr = work.Add(m * sizeof(double));
-    const uint64_t o_st = work.Add(m * sizeof(int32_t));
+    const uint64_t o_pr = work.Add(ResultsBytes(m));
+    const uint64_t o_st = o_pr + m * sizeof(double);
     const uint64_t o_gram = work.Add(gram_bytes);
     absl::Status s = ctx.EnsurePinned(ctx.up, up_bytes);
-    if (s.ok()) s = ctx.EnsurePinned(ctx.down, m * (sizeof(double) + sizeof(int32_t)));
+    if (s.ok()) s = ctx.EnsurePinned(ctx.down, ResultsBytes(m));
     if (s.ok()) s = ctx.Cublas();
     if (s.ok()) s = ctx.EnsureDevice(ctx.work, work.size());
     if (!s.ok()) return s;
@@ -792,7 +796,7 @@ class Runner {
         d_desc, At<int32_t>(w, o_jb), static_cast<int>(m), d_g2,
         At<double>(w, o_tr), At<float>(w, o_mx), At<double>(w, o_pr),
         At<int32_t>(w, o_st), ctx.stream));
-    return Download(ctx, At<double>(w, o_pr), At<int32_t>(w, o_st), m);
+    return Download(ctx, At<void>(w, o_pr), m);
   }
 
   // ||W||^2 and max |w| for every matrix of the chunk, on the host; fails on
@@ -1571,17 +1575,18 @@ absl::Status CudaEngine::ComputePRDevice(
   absl::Status status;
   {
     auto release = absl::MakeCleanup([&] { DrainAndRelease(ctx); });
-    cudaEvent_t ready = nullptr;
-    status = cuda_internal::ToStatus(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming),
-                      "cudaEventCreateWithFlags", __FILE__, __LINE__);
-    if (!status.ok()) return status;
-    status = cuda_internal::ToStatus(cudaEventRecord(ready, stream), "cudaEventRecord",
-                      __FILE__, __LINE__);
-    if (status.ok()) {
-      status = cuda_internal::ToStatus(cudaStreamWaitEvent(ctx->stream, ready, 0),
-                        "cudaStreamWaitEvent", __FILE__, __LINE__);
+    if (ctx->caller_ready == nullptr) {
+      status = cuda_internal::ToStatus(
+          cudaEventCreateWithFlags(&ctx->caller_ready, cudaEventDisableTiming),
+          "cudaEventCreateWithFlags", __FILE__, __LINE__);
+      if (!status.ok()) return status;
     }
-    cudaEventDestroy(ready);
+    status = cuda_internal::ToStatus(cudaEventRecord(ctx->caller_ready, stream),
+                                     "cudaEventRecord", __FILE__, __LINE__);
+    if (status.ok()) {
+      status = cuda_internal::ToStatus(cudaStreamWaitEvent(ctx->stream, ctx->caller_ready, 0),
+                                       "cudaStreamWaitEvent", __FILE__, __LINE__);
+    }
     std::vector<MatrixView> views(device_batch.begin(), device_batch.end());
     if (status.ok()) status = EnqueueAndCollect(*ctx, runner, *kind, views, out);
   }
