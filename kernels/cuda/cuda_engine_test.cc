@@ -468,8 +468,10 @@ TEST_F(CudaEngineTest, HugeAndTinyMagnitudesFallBackExactly) {
   // bf16 (fused v3 takes ||W||^2 from f32 Gram entries): entries that
   // overflow f32 (1e19, also at 128 x 4096: role code), squares that
   // underflow (1e-22), and a size near the limits (1e16: no overflow; the
-  // max decides between the fast path and the fallback).
-  for (double scale : {1e19, 1e-22, 1e16}) {
+  // max decides between the fast path and the fallback). 1e16 and 1e-12
+  // are trusted, and their Gram entries' squares overflow and underflow
+  // f32: fused v4's epilogue must sum those in float64 (ReduceJob).
+  for (double scale : {1e19, 1e-22, 1e16, 1e-12}) {
     for (const Shape sh : {Shape{64, 256}, Shape{128, 4096}}) {
       std::vector<double> w = MakeMatrix(rng_, sh.rows, sh.cols, Spectrum::kPowerLaw);
       for (double& x : w) x *= scale;

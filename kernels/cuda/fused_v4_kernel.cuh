@@ -51,11 +51,12 @@
 //     warp arrives on `empty[s]`). f32: one accumulator set, each slice
 //     added once its wgmma are done (the conversion, not the tensor
 //     cores, sets the pace).
-// Epilogue per job: sum of squares of the 64 running sums per thread in
-// float64, the diagonal entries' sum (||W||_F^2 = trace G, as v3: its
-// truncation bias matches ||G||^2's and cancels in t^2 / g) and largest
-// value; xor-shuffle trees, the 8 consumer warps in index order: the same
-// bits on every run.
+// Epilogue per job (ReduceJob): sum of squares of the running sums per
+// thread, four at a time in f32 and then in float64 (32 x 1024x4096 bf16
+// 0.2451 -> 0.2408 ms isolated, H200 s9-4), the diagonal entries' sum
+// (||W||_F^2 = trace G, as v3: its truncation bias matches ||G||^2's and
+// cancels in t^2 / g) and largest value; xor-shuffle trees, the 8 consumer
+// warps in index order: the same bits on every run.
 //
 // maxabs output: v4 reads W only through the tensor cores, so it reports
 // sqrt(max_i G_ii / k) instead of max |w|: max |w|^2 lies in [D / k, D] for
