@@ -673,21 +673,11 @@ __device__ __forceinline__ void ConvertFloat4(float4 v, float scale, uint32_t hi
                                               int t) {
   const int row = t / 16, h = t % 16;
   const float x[4] = {v.x * scale, v.y * scale, v.z * scale, v.w * scale};
-  // hi: x rounded to 11 significant bits in f32 arithmetic (Dekker's split,
-  // c = x (2^13 + 1), hi = c - (c - x)), which f16 holds exactly (|x| <
-  // 2^15; below f16's normal range the f16 rounding of hi adds at most
-  // 2^-25, 2^-39 of the tile's largest |w|), so that lo = x - hi needs no
-  // conversion of hi back to f32.
-  float b[4];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const float c = __fmul_rn(x[e], 8193.0f);
-    b[e] = __fsub_rn(c, __fsub_rn(c, x[e]));
-  }
-  __half2 h01 = __floats2half2_rn(b[0], b[1]), h23 = __floats2half2_rn(b[2], b[3]);
+  __half2 h01 = __floats2half2_rn(x[0], x[1]), h23 = __floats2half2_rn(x[2], x[3]);
+  const float2 b01 = __half22float2(h01), b23 = __half22float2(h23);
   // lo = x - hi is exact in f32; doubling it in f16 is exact (|lo| <= 8).
-  __half2 l01 = __floats2half2_rn(x[0] - b[0], x[1] - b[1]);
-  __half2 l23 = __floats2half2_rn(x[2] - b[2], x[3] - b[3]);
+  __half2 l01 = __floats2half2_rn(x[0] - b01.x, x[1] - b01.y);
+  __half2 l23 = __floats2half2_rn(x[2] - b23.x, x[3] - b23.y);
   l01 = __hadd2(l01, l01);
   l23 = __hadd2(l23, l23);
   // 16-byte chunk h / 2 of the row, swizzled with row % 8; this half of it.
