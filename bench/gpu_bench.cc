@@ -340,8 +340,8 @@ cudaError_t RunPrepared(const FusedPrepared& f, cudaStream_t s, bool whole = fal
 
 int TimeQueued(const std::function<cudaError_t(int)>& launch, int reps, double warm_ms,
                cudaStream_t stream, std::vector<double>* ms);
-int TimeAlone(const std::function<cudaError_t(int)>& launch, int r, cudaStream_t stream,
-              double* ms);
+int TimeAlone(const std::function<cudaError_t(int)>& launch, int r, bool spin,
+              cudaStream_t stream, double* ms);
 
 // --probe: times the bf16 v2 kernel alone with parts left out or K split
 // across blocks (kernels.h, LaunchFusedV2Probe), to place the time.
@@ -659,15 +659,17 @@ int TimeQueued(const std::function<cudaError_t(int)>& launch, int reps, double w
   return 0;
 }
 
-// Launch r timed alone: a 50 us spin kernel goes ahead of it, so that the
-// GPU reaches the start event only after the host has queued the launch
-// (the host's submission time, slow after a sleep, stays out).
-int TimeAlone(const std::function<cudaError_t(int)>& launch, int r, cudaStream_t stream,
-              double* ms) {
+// Launch r timed alone, after a host sync. With `spin`, a 50 us spin kernel
+// goes ahead of it, so that the GPU reaches the start event only after the
+// host has queued the launch (the host's submission time, slow after a
+// sleep, stays out); without, the submission is inside the events (as in
+// torch_peers.py's harness).
+int TimeAlone(const std::function<cudaError_t(int)>& launch, int r, bool spin,
+              cudaStream_t stream, double* ms) {
   cudaEvent_t e0, e1;
   BENCH_CHECK(cudaEventCreate(&e0));
   BENCH_CHECK(cudaEventCreate(&e1));
-  BENCH_CHECK(LaunchSpin(50000, stream));
+  if (spin) BENCH_CHECK(LaunchSpin(50000, stream));
   BENCH_CHECK(cudaEventRecord(e0, stream));
   BENCH_CHECK(launch(r));
   BENCH_CHECK(cudaEventRecord(e1, stream));
@@ -813,7 +815,7 @@ int Sustain(cudaStream_t stream, nlohmann::json* out) {
               continue;
             }
             double ms = 0;
-            if (TimeAlone(launch, r, stream, &ms) != 0) return 1;
+            if (TimeAlone(launch, r, /*spin=*/true, stream, &ms) != 0) return 1;
             t.push_back(ms);
             if (mode == kSpaced) std::this_thread::sleep_for(std::chrono::milliseconds(5));
           }
@@ -991,25 +993,18 @@ int Main(int argc, char** argv) {
     }
     auto run = [&](int r) { return RunPrepared(prep[r % 3], stream); };
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    std::vector<double> ti;
-    for (int r = 0; r < reps + 5; ++r) {
-      double ms = 0;
-      if (TimeAlone(run, r, stream, &ms) != 0) return 1;
-      if (r >= 5) ti.push_back(ms);
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    // Medians after 5 warm-up launches: spaced (spin ahead, 5 ms idle after
+    // each) and synced.
+    std::vector<double> ti, kt;
+    for (const bool spaced : {true, false}) {
+      for (int r = 0; r < reps + 5; ++r) {
+        double ms = 0;
+        if (TimeAlone(run, r, spaced, stream, &ms) != 0) return 1;
+        if (r >= 5) (spaced ? ti : kt).push_back(ms);
+        if (spaced) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
     }
-    const double isolated_ms = Median(ti);
-    std::vector<double> kt;
-    for (int r = 0; r < reps + 5; ++r) {
-      BENCH_CHECK(cudaEventRecord(e0, stream));
-      BENCH_CHECK(run(r));
-      BENCH_CHECK(cudaEventRecord(e1, stream));
-      BENCH_CHECK(cudaEventSynchronize(e1));
-      float ms = 0;
-      BENCH_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      if (r >= 5) kt.push_back(ms);
-    }
-    const double synced_ms = Median(kt);
+    const double isolated_ms = Median(ti), synced_ms = Median(kt);
     // The same, queued back to back after 200 ms of warm-up (steady clocks).
     std::vector<double> kq;
     if (TimeQueued(run, reps, 200.0, stream, &kq) != 0) return 1;
