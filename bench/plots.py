@@ -1,7 +1,11 @@
 """Pictures from rvd_bench_gpu's JSON: a roofline and an accuracy-latency
 Pareto plot, as PNG (matplotlib; Debian: python3-matplotlib).
 
-  /usr/bin/python3 bench/plots.py gpu_bench.json [--torch torch_peers.json] [--out bench/]
+  /usr/bin/python3 bench/plots.py gpu_bench.json [--torch torch_peers.json] [--out DIR]
+
+Writes DIR/roofline.png and DIR/pareto.png (DIR: the current directory by
+default; --out bench/ replaces the committed pictures that bench/RESULTS.md
+shows).
 
 Roofline: each timed case at its arithmetic intensity (Gram FLOPs of the
 upper triangle over the bytes of W, read once) against the measured copy
@@ -88,7 +92,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("bench")
     p.add_argument("--torch")
-    p.add_argument("--out", default="bench")
+    p.add_argument("--out", default=".")
     args = p.parse_args()
     bench = json.loads(pathlib.Path(args.bench).read_text())
     torch = json.loads(pathlib.Path(args.torch).read_text()) if args.torch else None

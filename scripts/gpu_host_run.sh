@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Runs ON the GPU host (the H200, Ubuntu 24.04), from the repository root,
-# with a build staged by scripts/gpu_stage.sh and unpacked:
-#   tar xzf gpu-stage.tgz && scripts/gpu_host_run.sh gpu-stage
-# Everything side by side in one call, logs and JSON under $OUT:
+# Runs ON the GPU host (the H200, Ubuntu 24.04) in a copy of the
+# repository, with a build staged by scripts/gpu_stage.sh (docs/BENCHMARKING.md):
+#   scripts/gpu_host_run.sh build-cuda/gpu-stage.tgz   # or the unpacked folder
+# A .tgz is unpacked into a temporary folder. Everything side by side in one
+# call, logs and JSON under $OUT (default: gpu-out/ beside the stage folder;
+# nothing is written into the repository):
 #   env.txt                   nvidia-smi, library resolution of the module
 #   cuda_engine_test.log      the CUDA engine's GPU tests (ctest label gpu)
 #   integration_gpu.log       rvd + librvd_cuda.so driven by rvctl (label gpu)
@@ -21,9 +23,20 @@
 # Exit status: non-zero if any step failed (every step still runs).
 # RVD_STEPS="cuda_engine_test gpu_ab" runs only the steps named.
 set -uo pipefail
-stage="${1:-gpu-stage}"
-OUT="${OUT:-$PWD/gpu-out}"
+source "$(dirname "$0")/common.sh"
+src="${1:?usage: scripts/gpu_host_run.sh STAGE.tgz | STAGE_DIR}"
+if [[ "$src" == *.tgz ]]; then
+  unpacked="$(mktemp -d)"
+  tar xzf "$src" -C "$unpacked" || exit 1
+  stage="$(find "$unpacked" -mindepth 1 -maxdepth 1 -type d | head -n 1)"
+else
+  stage="$(realpath "$src")"
+fi
+[[ -x "$stage/bin/rvd_bench_gpu" ]] || { echo "$0: $src is not a staged build" >&2; exit 1; }
+OUT="${OUT:-$(dirname "$stage")/gpu-out}"
+rvd_outside_source "$OUT" || exit 1
 mkdir -p "$OUT"
+cd "$RVD_SOURCE_ROOT" || exit 1  # tests/gpu and bench/ are read from here
 
 cuda_lib=""
 for d in /usr/local/cuda/lib64 /usr/local/cuda-13.0/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
@@ -33,8 +46,9 @@ if [[ -z "$cuda_lib" ]]; then
   p="$(ldconfig -p 2>/dev/null | awk '/libcublas\.so/ {print $NF; exit}')"
   [[ -n "$p" ]] && cuda_lib="$(dirname "$p")"
 fi
-export LD_LIBRARY_PATH="$PWD/$stage/gpu-libs${cuda_lib:+:$cuda_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export PYTHONUNBUFFERED=1 RVD_BUILD_DIR="$PWD/$stage"
+export LD_LIBRARY_PATH="$stage/gpu-libs${cuda_lib:+:$cuda_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# No __pycache__ in the repository's folders.
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 RVD_BUILD_DIR="$stage"
 
 {
   date -u

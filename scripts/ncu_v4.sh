@@ -4,10 +4,12 @@
 # as CSV under DIR, packed into DIR.tgz (a device call returns few files):
 #   details.csv, raw.csv   throughput, pipes, warp states per launch
 #   source.csv             stall samples per SASS instruction (live v4 only)
-#   scripts/ncu_v4.sh gpu-stage/bin/rvd_bench_gpu $OUT/ncu
+#   scripts/ncu_v4.sh STAGE_DIR/bin/rvd_bench_gpu $OUT/ncu
 # --clock-control none: the device's clocks are left alone (METHOD.md).
 set -uo pipefail
 bin=$1 dir=$2
+source "$(dirname "$0")/common.sh"
+rvd_outside_source "$dir" || exit 1
 mkdir -p "$dir"
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -n 1)
 "$ncu" --clock-control none -k regex:FusedV4Kernel --import-source no \
