@@ -36,6 +36,7 @@ fi
 OUT="${OUT:-$(dirname "$stage")/gpu-out}"
 rvd_outside_source "$OUT" || exit 1
 mkdir -p "$OUT"
+echo "stage $stage; logs and JSON under $OUT"
 cd "$RVD_SOURCE_ROOT" || exit 1  # tests/gpu and bench/ are read from here
 
 cuda_lib=""
