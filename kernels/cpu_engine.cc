@@ -8,23 +8,34 @@
 //                cpu-avx512-1: our AVX-512 kernels (wide W: 4x4 blocks of
 //                  dot products; tall W: 8x32 outer-product blocks; f32
 //                  FMAs over K chunks, each chunk added in float64; the
-//                  float64 diagonal fused in), ~1.3x OpenBLAS here;
-//                cpu-openblas-1: cblas_ssyrk (no AVX-512, or
-//                  RVD_CPU_GRAM=openblas), diagonal from a float64 pass.
+//                  float64 diagonal fused in), ~1.3x OpenBLAS;
+//                cpu-openblas-1: OpenBLAS ssyrk/sgemm (no AVX-512,
+//                  RVD_CPU_GRAM=openblas, or CpuGramKernel::kOpenBlas),
+//                  diagonal from a float64 pass.
 //              Data whose squares leave f32's normal range is redone with
-//              dsyrk in float64 (AlgebraicFloat64).
-//   naive      (exact) float64 SVD with dgesdd, i.e. OraclePR.
+//              dsyrk/dgemm in float64 (AlgebraicFloat64).
+//   naive      (exact) float64 SVD with dgesdd: the oracle's code (SvdPR).
 //   power_iter (estimate) Hutchinson / Hutch++ for tr(G^2), G z = W (W^T z).
 //   sketch     (estimate) Gaussian sketch Y = Omega W of rank r; the mean of
 //              the squared off-diagonal entries of Y Y^T.
 //   fused      a GPU kernel: UNIMPLEMENTED here.
 //
+// Memory: the Gram is never held whole when it is large. It is cut into
+// square tiles of side kGramTile (a matrix with n <= kGramTile is one tile)
+// and only the upper triangle's tiles are computed; a tile's sums (its
+// squares, its diagonal) are taken as soon as it is complete. So a worker
+// holds one tile, never n x n, and a call's scratch is bounded by the
+// budget below plus one tile per worker (PlanCpuGram), whatever n is.
+//
 // Threading: the engine owns a small pool (threads - 1 workers plus the
 // calling thread). A batch is spread across matrices with OpenBLAS
-// single-threaded inside each call; a batch smaller than the pool splits each
-// large matrix along its long side into one Gram part per thread (the parts'
-// Grams are summed in float64). OpenBLAS's own threading is switched off
-// once, for the whole process, when the first CPU engine is created.
+// single-threaded inside each call. A batch smaller than the pool spreads
+// each large matrix's tiles across the threads, and when there are fewer
+// tiles than threads also cuts the long side into parts whose partial
+// tiles are summed in float64 before they are squared; the parts' buffers
+// are held at once, so their number is capped by the call's scratch budget.
+// OpenBLAS's own threading is switched off once, for the whole process,
+// when the first CPU engine is created.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -36,8 +47,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -50,20 +63,21 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "kernels/call_contract.h"
 #include "kernels/cpu_engine_stats.h"
 #include "kernels/dtype_convert.h"
 #include "kernels/engine.h"
 #include "kernels/estimator_math.h"
 #include "kernels/estimator_rng.h"
+#include "kernels/oracle_svd.h"
 
 namespace rvd {
 namespace {
 
 constexpr char kBackend[] = "cpu";
-// Version() names the Gram kernel: our AVX-512 one, or OpenBLAS's ssyrk.
+// Version() names the Gram kernel: our AVX-512 one, or OpenBLAS's.
 constexpr char kVersionAvx512[] = "cpu-avx512-1";
 constexpr char kVersionOpenBlas[] = "cpu-openblas-1";
 constexpr char kDefaultVariant[] = "algebraic";
@@ -72,10 +86,69 @@ constexpr char kDefaultVariant[] = "algebraic";
 std::atomic<int64_t> g_avx512_grams{0};
 std::atomic<int64_t> g_openblas_grams{0};
 std::atomic<int64_t> g_float64_fallbacks{0};
+std::atomic<int64_t> g_scratch_now{0};
+std::atomic<int64_t> g_scratch_peak{0};
 
 // A matrix is split across threads only when its Gram costs at least this
 // many multiply-adds (n^2 * long / 2); below it the split's overhead wins.
 constexpr double kSplitMinFlops = 4.0e6;
+
+// The Gram's tile side. A tile is 2 MiB of float64 (plus 1 MiB of f32 on
+// the OpenBLAS path). Every shape with n <= 512 (the per-head and most
+// per-layer V blocks) is one tile: computed exactly as an untiled Gram.
+constexpr int64_t kGramTile = 512;
+
+void CountScratch(int64_t delta) {
+  const int64_t now =
+      g_scratch_now.fetch_add(delta, std::memory_order_relaxed) + delta;
+  int64_t peak = g_scratch_peak.load(std::memory_order_relaxed);
+  while (now > peak && !g_scratch_peak.compare_exchange_weak(
+                           peak, now, std::memory_order_relaxed)) {
+  }
+}
+
+// A growable buffer whose capacity is counted in the scratch counters.
+// Grow may throw std::bad_alloc; ComputePR turns that into
+// RESOURCE_EXHAUSTED.
+template <typename T>
+class ScratchBuffer {
+ public:
+  ScratchBuffer() = default;
+  ScratchBuffer(ScratchBuffer&& other) noexcept
+      : v_(std::move(other.v_)), counted_(other.counted_) {
+    other.counted_ = 0;
+  }
+  ScratchBuffer& operator=(ScratchBuffer&&) = delete;
+  ~ScratchBuffer() { Release(); }
+
+  // At least n elements (contents kept up to the old size).
+  T* Grow(int64_t n) {
+    if (static_cast<int64_t>(v_.size()) < n) {
+      v_.resize(static_cast<size_t>(n));
+      Recount();
+    }
+    return v_.data();
+  }
+  T* data() { return v_.data(); }
+  void Release() {
+    std::vector<T>().swap(v_);
+    Recount();
+  }
+  // A thread keeps at most `keep` bytes between matrices: one huge matrix
+  // must not pin its buffers in every worker for good.
+  void Trim(size_t keep) {
+    if (v_.capacity() * sizeof(T) > keep) Release();
+  }
+
+ private:
+  void Recount() {
+    const int64_t bytes = static_cast<int64_t>(v_.capacity() * sizeof(T));
+    if (bytes != counted_) CountScratch(bytes - counted_);
+    counted_ = bytes;
+  }
+  std::vector<T> v_;
+  int64_t counted_ = 0;
+};
 
 // ---------------------------------------------------------------------------
 // Sums of squares in float64. The data is f32; the products are exact in
@@ -153,14 +226,17 @@ void AddSquares(const float* x, int64_t n, double* acc) {
 // Per-thread scratch, reused across matrices and calls (no allocation per
 // matrix once the buffers have grown to the largest shape seen).
 struct Scratch {
-  std::vector<float> conv;    // f16/bf16 rows converted to f32
-  std::vector<double> gram;   // n x n, upper triangle
-  std::vector<float> gram32;  // n x n, ssyrk's output
-  std::vector<double> diag;   // n: float64 diagonal of the Gram
-  std::vector<float> work_a;  // estimators: probe / sketch blocks
-  std::vector<float> work_b;
-  std::vector<float> work_c;
-  std::vector<double> work_d;
+  ScratchBuffer<float> conv_x;  // f16/bf16 rows converted to f32
+  ScratchBuffer<float> conv_y;  // ... the second operand of a tile
+  ScratchBuffer<double> gram;   // one tile, float64
+  ScratchBuffer<float> gram32;  // one tile, OpenBLAS's f32 output
+  ScratchBuffer<double> diag;   // one tile's float64 diagonal
+  ScratchBuffer<double> f64_x;  // float64 fallback: scaled operand blocks
+  ScratchBuffer<double> f64_y;
+  ScratchBuffer<float> work_a;  // estimators: probe / sketch blocks
+  ScratchBuffer<float> work_b;
+  ScratchBuffer<float> work_c;
+  std::vector<double> work_d;  // power_iter: Orthonormalize's float64 copy
 };
 
 Scratch& ThreadScratch() {
@@ -168,31 +244,23 @@ Scratch& ThreadScratch() {
   return scratch;
 }
 
-// A thread keeps at most this much of each scratch buffer between matrices:
-// one huge matrix must not pin its Gram in every worker for good.
 constexpr size_t kScratchKeepBytes = size_t{64} << 20;
-
-template <typename T>
-void Trim(std::vector<T>& v) {
-  if (v.capacity() * sizeof(T) > kScratchKeepBytes) std::vector<T>().swap(v);
-}
 
 void TrimThreadScratch() {
   Scratch& sc = ThreadScratch();
-  Trim(sc.conv);
-  Trim(sc.gram);
-  Trim(sc.gram32);
-  Trim(sc.diag);
-  Trim(sc.work_a);
-  Trim(sc.work_b);
-  Trim(sc.work_c);
-  Trim(sc.work_d);
-}
-
-template <typename T>
-T* Grow(std::vector<T>& v, int64_t n) {
-  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
-  return v.data();
+  sc.conv_x.Trim(kScratchKeepBytes);
+  sc.conv_y.Trim(kScratchKeepBytes);
+  sc.gram.Trim(kScratchKeepBytes);
+  sc.gram32.Trim(kScratchKeepBytes);
+  sc.diag.Trim(kScratchKeepBytes);
+  sc.f64_x.Trim(kScratchKeepBytes);
+  sc.f64_y.Trim(kScratchKeepBytes);
+  sc.work_a.Trim(kScratchKeepBytes);
+  sc.work_b.Trim(kScratchKeepBytes);
+  sc.work_c.Trim(kScratchKeepBytes);
+  if (sc.work_d.capacity() * sizeof(double) > kScratchKeepBytes) {
+    std::vector<double>().swap(sc.work_d);
+  }
 }
 
 // The shape facts every variant needs: W is `rows x cols`; the Gram is n x n
@@ -217,12 +285,12 @@ struct F32Block {
 };
 
 F32Block LoadBlock(const MatrixView& v, int64_t r0, int64_t r1, int64_t c0,
-                   int64_t c1, std::vector<float>& conv) {
+                   int64_t c1, ScratchBuffer<float>& conv) {
   if (v.dtype == DType::kF32) {
     return {static_cast<const float*>(v.data) + r0 * v.ld + c0, v.ld};
   }
   const int64_t w = c1 - c0;
-  float* dst = Grow(conv, (r1 - r0) * w);
+  float* dst = conv.Grow((r1 - r0) * w);
   const auto* base = static_cast<const unsigned char*>(v.data);
   const size_t esize = DTypeSize(v.dtype);
   for (int64_t i = r0; i < r1; ++i) {
@@ -233,9 +301,16 @@ F32Block LoadBlock(const MatrixView& v, int64_t r0, int64_t r1, int64_t c0,
 }
 
 #if defined(__x86_64__)
-// The wide Gram (rows <= cols) with AVX-512, accumulated into float64:
-// g[i * n + j] += <row i, row j> for j >= i (upper triangle; the diagonal
-// 4 x 4 blocks also write a few lower entries, which nobody reads).
+// GCC 12 reports the _mm512_undefined_* operands inside its own intrinsic
+// headers as maybe-uninitialized once these kernels are inlined (a false
+// positive: those operands are never read).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// A tile of the wide Gram (rows <= cols) with AVX-512, accumulated into
+// float64: g[i * ldg + j] += <x row i, y row j> over k columns, for i < nx,
+// j < ny. A diagonal tile (y == x) computes j >= i only (its diagonal 4 x 4
+// blocks also write a few lower entries, which nobody reads) and adds the
+// float64 squares of x's rows to diag (zeroed by the caller).
 //
 // Why our own kernel: Debian's OpenBLAS 0.3.21 does not know this CPU (AMD
 // family 26) and falls back to its AVX2 Haswell kernels; ssyrk then runs at
@@ -280,26 +355,28 @@ __attribute__((target("avx512f"))) inline void AddSquaresF64(const float* x,
 }
 
 // diag[i] += float64 sum of squares of row i (diag zeroed by the caller).
-__attribute__((target("avx512f"))) void GramWideAvx512(const float* a,
-                                                       int64_t lda, int64_t n,
-                                                       int64_t k, double* g,
-                                                       double* diag) {
+__attribute__((target("avx512f"))) void GramWideAvx512(
+    const float* xa, int64_t ldx, const float* ya, int64_t ldy, int64_t nx,
+    int64_t ny, int64_t k, bool diagonal, double* g, int64_t ldg,
+    double* diag) {
   for (int64_t k0 = 0; k0 < k; k0 += kKChunk) {
     const int64_t kc = std::min(kKChunk, k - k0);
     const int64_t kv = kc & ~int64_t{15};
     const __mmask16 tail = static_cast<__mmask16>((1u << (kc - kv)) - 1u);
-    for (int64_t i = 0; i < n; i += 4) {
+    for (int64_t i = 0; i < nx; i += 4) {
       // Rows past the end repeat the last row; their results are dropped.
       const float* x[4];
-      for (int r = 0; r < 4; ++r) x[r] = a + std::min(i + r, n - 1) * lda + k0;
+      for (int r = 0; r < 4; ++r) x[r] = xa + std::min(i + r, nx - 1) * ldx + k0;
       // While the chunk of rows i..i+3 is in L1: their exact diagonal.
-      for (int r = 0; r < 4 && i + r < n; ++r) {
-        AddSquaresF64(x[r], kv, tail, &diag[i + r]);
+      if (diagonal) {
+        for (int r = 0; r < 4 && i + r < nx; ++r) {
+          AddSquaresF64(x[r], kv, tail, &diag[i + r]);
+        }
       }
-      for (int64_t j = i; j < n; j += 4) {
+      for (int64_t j = diagonal ? i : 0; j < ny; j += 4) {
         const float* y[4];
         for (int r = 0; r < 4; ++r)
-          y[r] = a + std::min(j + r, n - 1) * lda + k0;
+          y[r] = ya + std::min(j + r, ny - 1) * ldy + k0;
         __m512 c00 = _mm512_setzero_ps(), c01 = c00, c02 = c00, c03 = c00;
         __m512 c10 = c00, c11 = c00, c12 = c00, c13 = c00;
         __m512 c20 = c00, c21 = c00, c22 = c00, c23 = c00;
@@ -342,9 +419,9 @@ __attribute__((target("avx512f"))) void GramWideAvx512(const float* a,
                                 {c10, c11, c12, c13},
                                 {c20, c21, c22, c23},
                                 {c30, c31, c32, c33}};
-        for (int r = 0; r < 4 && i + r < n; ++r) {
-          for (int q = 0; q < 4 && j + q < n; ++q) {
-            g[(i + r) * n + (j + q)] += ReduceToDouble(c[r][q]);
+        for (int r = 0; r < 4 && i + r < nx; ++r) {
+          for (int q = 0; q < 4 && j + q < ny; ++q) {
+            g[(i + r) * ldg + (j + q)] += ReduceToDouble(c[r][q]);
           }
         }
       }
@@ -352,28 +429,34 @@ __attribute__((target("avx512f"))) void GramWideAvx512(const float* a,
   }
 }
 
-// The tall Gram (rows > cols), G = W^T W, with AVX-512, into float64:
-// g[i * n + j] += sum_r W[r][i] W[r][j] for j >= i (blocks that straddle the
-// diagonal also write lower entries, which nobody reads), and diag[j] +=
-// sum_r W[r][j]^2 in float64. A GEMM-style outer-product kernel: an 8 x 32
+
+// A tile of the tall Gram (rows > cols), G = W^T W, with AVX-512, into
+// float64: g[i * ldg + j] += sum_r X[r][i] Y[r][j] over len rows, for
+// i < nx, j < ny, where X[r][i] = xa[r * ldx + i] and Y[r][j] =
+// ya[r * ldy + j]. A diagonal tile (ya == xa) computes the blocks that
+// reach j >= i only (blocks that straddle the diagonal also write lower
+// entries, which nobody reads) and adds sum_r X[r][i]^2 in float64 to
+// diag[i]. A GEMM-style outer-product kernel: an 8 x 32
 // block of G in 16 zmm accumulators; per row of W, 8 broadcasts and 2 loads
 // feed 16 FMAs. Rows are taken kRowChunk at a time (128 KB for n = 128,
 // L2-resident), each chunk's f32 sums added into float64.
 constexpr int64_t kRowChunk = 256;
 
-__attribute__((target("avx512f"))) void GramTallAvx512(const float* a,
-                                                       int64_t lda, int64_t len,
-                                                       int64_t n, double* g,
-                                                       double* diag) {
+__attribute__((target("avx512f"))) void GramTallAvx512(
+    const float* xa, int64_t ldx, const float* ya, int64_t ldy, int64_t len,
+    int64_t nx, int64_t ny, bool diagonal, double* g, int64_t ldg,
+    double* diag) {
   for (int64_t r0 = 0; r0 < len; r0 += kRowChunk) {
     const int64_t r1 = std::min(len, r0 + kRowChunk);
-    for (int64_t r = r0; r < r1; ++r) AddSquares(a + r * lda, n, diag);
-    for (int64_t i = 0; i < n; i += 8) {
+    if (diagonal) {
+      for (int64_t r = r0; r < r1; ++r) AddSquares(xa + r * ldx, nx, diag);
+    }
+    for (int64_t i = 0; i < nx; i += 8) {
       int64_t ii[8];  // rows of G; past the end: repeat the last, drop later
-      for (int q = 0; q < 8; ++q) ii[q] = std::min(i + q, n - 1);
-      for (int64_t j = i / 32 * 32; j < n; j += 32) {
-        const int64_t w0 = std::clamp<int64_t>(n - j, 0, 16);
-        const int64_t w1 = std::clamp<int64_t>(n - j - 16, 0, 16);
+      for (int q = 0; q < 8; ++q) ii[q] = std::min(i + q, nx - 1);
+      for (int64_t j = diagonal ? i / 32 * 32 : 0; j < ny; j += 32) {
+        const int64_t w0 = std::clamp<int64_t>(ny - j, 0, 16);
+        const int64_t w1 = std::clamp<int64_t>(ny - j - 16, 0, 16);
         const __mmask16 m0 = static_cast<__mmask16>((1u << w0) - 1u);
         const __mmask16 m1 = static_cast<__mmask16>((1u << w1) - 1u);
         __m512 c[8][2];
@@ -383,12 +466,13 @@ __attribute__((target("avx512f"))) void GramTallAvx512(const float* a,
           c[q][1] = _mm512_setzero_ps();
         }
         for (int64_t r = r0; r < r1; ++r) {
-          const float* row = a + r * lda;
-          const __m512 y0 = _mm512_maskz_loadu_ps(m0, row + j);
-          const __m512 y1 = _mm512_maskz_loadu_ps(m1, row + j + 16);
+          const float* xrow = xa + r * ldx;
+          const float* yrow = ya + r * ldy;
+          const __m512 y0 = _mm512_maskz_loadu_ps(m0, yrow + j);
+          const __m512 y1 = _mm512_maskz_loadu_ps(m1, yrow + j + 16);
 #pragma GCC unroll 8
           for (int q = 0; q < 8; ++q) {
-            const __m512 x = _mm512_set1_ps(row[ii[q]]);
+            const __m512 x = _mm512_set1_ps(xrow[ii[q]]);
             c[q][0] = _mm512_fmadd_ps(x, y0, c[q][0]);
             c[q][1] = _mm512_fmadd_ps(x, y1, c[q][1]);
           }
@@ -401,8 +485,8 @@ __attribute__((target("avx512f"))) void GramTallAvx512(const float* a,
           res[q][0] = c[q][0];
           res[q][1] = c[q][1];
         }
-        for (int q = 0; q < 8 && i + q < n; ++q) {
-          double* out = g + (i + q) * n + j;
+        for (int q = 0; q < 8 && i + q < nx; ++q) {
+          double* out = g + (i + q) * ldg + j;
           for (int h = 0; h < 2; ++h) {
             const __m512 v = res[q][h];
             const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
@@ -424,64 +508,103 @@ __attribute__((target("avx512f"))) void GramTallAvx512(const float* a,
   }
 }
 
-bool CpuHasAvx512() {
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has;
-}
-#endif
+#pragma GCC diagnostic pop
+#endif  // __x86_64__
 
-// One part of the algebraic variant: the Gram over the long-side range
-// [k0, k1) into `gram` (n x n float64, upper triangle), and the float64
-// diagonal (row or column sums of squares over the range) into `diag`.
-// `f32` is scratch for the ssyrk path.
-void GramPart(const MatrixView& v, int64_t k0, int64_t k1, bool avx512,
-              std::vector<float>& conv, std::vector<float>& f32, double* gram,
-              double* diag) {
-  const Shape s = ShapeOf(v);
-  const int64_t k = k1 - k0;
-  F32Block b;
-  if (s.wide) {
-#if defined(__x86_64__)
-    if (avx512) {
-      std::fill(gram, gram + s.n * s.n, 0.0);
-      std::fill(diag, diag + s.n, 0.0);
-      // f16/bf16 are converted one K chunk at a time, so the converted
-      // block stays in L2 while the kernel reads it.
-      const int64_t step = v.dtype == DType::kF32 ? k : kKChunk;
-      for (int64_t c0 = k0; c0 < k1; c0 += step) {
-        const int64_t c1 = std::min(k1, c0 + step);
-        b = LoadBlock(v, 0, v.rows, c0, c1, conv);
-        GramWideAvx512(b.a, b.lda, s.n, c1 - c0, gram, diag);
-      }
-      return;
+// Where one tile of the Gram sits: Gram rows [i0, i0 + ni) x cols
+// [j0, j0 + nj); diagonal when i0 == j0 (then ni == nj).
+struct Tile {
+  int64_t i0, ni, j0, nj;
+  bool diagonal() const { return i0 == j0; }
+};
+
+// The tiles of the upper triangle of an n x n Gram cut into `side` x `side`
+// squares (the last row and column of tiles may be narrower), row by row.
+std::vector<Tile> UpperTiles(int64_t n, int64_t side) {
+  std::vector<Tile> tiles;
+  for (int64_t i0 = 0; i0 < n; i0 += side) {
+    for (int64_t j0 = i0; j0 < n; j0 += side) {
+      tiles.push_back({i0, std::min(side, n - i0), j0, std::min(side, n - j0)});
     }
-#endif
-    b = LoadBlock(v, 0, v.rows, k0, k1, conv);
-    for (int64_t i = 0; i < s.n; ++i) diag[i] = SumSquares(b.a + i * b.lda, k);
-  } else {
-#if defined(__x86_64__)
-    if (avx512) {
-      std::fill(gram, gram + s.n * s.n, 0.0);
-      std::fill(diag, diag + s.n, 0.0);
-      const int64_t step = v.dtype == DType::kF32 ? k : kRowChunk;
-      for (int64_t r0 = k0; r0 < k1; r0 += step) {
-        const int64_t r1 = std::min(k1, r0 + step);
-        b = LoadBlock(v, r0, r1, 0, v.cols, conv);
-        GramTallAvx512(b.a, b.lda, r1 - r0, s.n, gram, diag);
-      }
-      return;
-    }
-#endif
-    b = LoadBlock(v, k0, k1, 0, v.cols, conv);
-    std::fill(diag, diag + s.n, 0.0);
-    for (int64_t r = 0; r < k; ++r) AddSquares(b.a + r * b.lda, s.n, diag);
   }
-  float* g32 = Grow(f32, s.n * s.n);
-  cblas_ssyrk(CblasRowMajor, CblasUpper, s.wide ? CblasNoTrans : CblasTrans,
-              static_cast<int>(s.n), static_cast<int>(k), 1.0f, b.a,
-              static_cast<int>(b.lda), 0.0f, g32, static_cast<int>(s.n));
-  for (int64_t i = 0; i < s.n; ++i) {
-    for (int64_t j = i; j < s.n; ++j) gram[i * s.n + j] = g32[i * s.n + j];
+  return tiles;
+}
+
+// The operand of a tile that yields Gram rows [i0, i0 + ni) over the
+// long-side range [c0, c1): wide W, rows i0.. (ni x (c1 - c0)); tall W,
+// columns i0.. ((c1 - c0) x ni).
+F32Block LoadOperand(const MatrixView& v, const Shape& s, int64_t i0,
+                     int64_t ni, int64_t c0, int64_t c1,
+                     ScratchBuffer<float>& conv) {
+  return s.wide ? LoadBlock(v, i0, i0 + ni, c0, c1, conv)
+                : LoadBlock(v, c0, c1, i0, i0 + ni, conv);
+}
+
+// Tile t of the Gram over the long-side range [k0, k1) into g (t.ni x t.nj,
+// row-major, float64) and, for a diagonal tile, the float64 diagonal
+// (row or column sums of squares over the range) into diag (t.ni). g holds
+// the upper triangle of a diagonal tile and all of any other.
+void GramTile(const MatrixView& v, const Tile& t, int64_t k0, int64_t k1,
+              bool avx512, Scratch& sc, double* g, double* diag) {
+  const Shape s = ShapeOf(v);
+  const bool dg = t.diagonal();
+  std::fill(g, g + t.ni * t.nj, 0.0);
+  if (dg) std::fill(diag, diag + t.ni, 0.0);
+  // f16/bf16 are converted one chunk of the long side at a time, so the
+  // converted block stays in L2 while the kernel reads it; f32 is read in
+  // place over the whole range.
+#if defined(__x86_64__)
+  const int64_t chunk = s.wide ? kKChunk : kRowChunk;
+#else
+  const int64_t chunk = 1024;
+#endif
+  const int64_t step = v.dtype == DType::kF32 ? k1 - k0 : chunk;
+  for (int64_t c0 = k0; c0 < k1; c0 += step) {
+    const int64_t c1 = std::min(k1, c0 + step), kc = c1 - c0;
+    const F32Block x = LoadOperand(v, s, t.i0, t.ni, c0, c1, sc.conv_x);
+    const F32Block y =
+        dg ? x : LoadOperand(v, s, t.j0, t.nj, c0, c1, sc.conv_y);
+#if defined(__x86_64__)
+    if (avx512) {
+      if (s.wide) {
+        GramWideAvx512(x.a, x.lda, y.a, y.lda, t.ni, t.nj, kc, dg, g, t.nj,
+                       diag);
+      } else {
+        GramTallAvx512(x.a, x.lda, y.a, y.lda, kc, t.ni, t.nj, dg, g, t.nj,
+                       diag);
+      }
+      continue;
+    }
+#endif
+    (void)avx512;
+    float* g32 = sc.gram32.Grow(t.ni * t.nj);
+    const int ni = static_cast<int>(t.ni), nj = static_cast<int>(t.nj);
+    const int k = static_cast<int>(kc);
+    if (dg) {
+      cblas_ssyrk(CblasRowMajor, CblasUpper, s.wide ? CblasNoTrans : CblasTrans,
+                  ni, k, 1.0f, x.a, static_cast<int>(x.lda), 0.0f, g32, nj);
+      if (s.wide) {
+        for (int64_t i = 0; i < t.ni; ++i) {
+          diag[i] += SumSquares(x.a + i * x.lda, kc);
+        }
+      } else {
+        for (int64_t r = 0; r < kc; ++r) AddSquares(x.a + r * x.lda, t.ni, diag);
+      }
+      for (int64_t i = 0; i < t.ni; ++i) {
+        for (int64_t j = i; j < t.nj; ++j) g[i * t.nj + j] += g32[i * t.nj + j];
+      }
+    } else {
+      if (s.wide) {  // X (ni x k) Y^T
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ni, nj, k, 1.0f,
+                    x.a, static_cast<int>(x.lda), y.a, static_cast<int>(y.lda),
+                    0.0f, g32, nj);
+      } else {  // X^T (ni x k) Y
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ni, nj, k, 1.0f,
+                    x.a, static_cast<int>(x.lda), y.a, static_cast<int>(y.lda),
+                    0.0f, g32, nj);
+      }
+      for (int64_t i = 0; i < t.ni * t.nj; ++i) g[i] += g32[i];
+    }
   }
 }
 
@@ -492,69 +615,103 @@ double GramFlops(const MatrixView& v) {
          static_cast<double>(s.len);
 }
 
-absl::Status NonFiniteError(size_t index) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("batch[", index, "]: matrix contains NaN or Inf"));
+// Float64 elements of a tiling's tiles: what one part's partial tiles hold.
+int64_t TileElements(absl::Span<const Tile> tiles) {
+  int64_t e = 0;
+  for (const Tile& t : tiles) e += t.ni * t.nj;
+  return e;
 }
 
-// The float64 Gram fallback: used when the f32 Gram overflowed or underflowed
-// (its diagonal disagrees with the float64 one), e.g. entries near 1e20 or
-// 1e-25. Slower (dsyrk on a converted copy) but exact to float64 rounding.
-double AlgebraicFloat64(const MatrixView& v) {
-  g_float64_fallbacks.fetch_add(1, std::memory_order_relaxed);
+// One worker's buffers for a tile of side `side` (see Scratch).
+uint64_t PerThreadTileBytes(int64_t side, bool avx512, DType dtype) {
+  uint64_t b = static_cast<uint64_t>(side * side) * sizeof(double) +
+               static_cast<uint64_t>(side) * sizeof(double);
+  if (!avx512) b += static_cast<uint64_t>(side * side) * sizeof(float);
+#if defined(__x86_64__)
+  const int64_t chunk = std::max(kKChunk, kRowChunk);
+#else
+  const int64_t chunk = 1024;
+#endif
+  if (dtype != DType::kF32) {
+    b += 2 * static_cast<uint64_t>(side * chunk) * sizeof(float);
+  }
+  return b;
+}
+
+CpuGramPlan MakePlan(const MatrixView& v, int64_t threads, bool avx512,
+                     uint64_t budget) {
   const Shape s = ShapeOf(v);
-  std::vector<double> a(static_cast<size_t>(v.rows * v.cols));
-  std::vector<float> row(static_cast<size_t>(v.cols));
-  const auto* base = static_cast<const unsigned char*>(v.data);
-  const size_t esize = DTypeSize(v.dtype);
-  double scale = 0;
-  for (int64_t i = 0; i < v.rows; ++i) {
-    ConvertRowToFloat(base + static_cast<size_t>(i * v.ld) * esize, v.dtype,
-                      v.cols, row.data());
-    for (int64_t j = 0; j < v.cols; ++j) {
-      a[i * v.cols + j] = row[j];
-      scale = std::max(scale, std::fabs(static_cast<double>(row[j])));
+  CpuGramPlan p;
+  p.tile = std::min(s.n, kGramTile);
+  p.blocks = (s.n + p.tile - 1) / p.tile;
+  const std::vector<Tile> tiles = UpperTiles(s.n, p.tile);
+  const int64_t ntiles = static_cast<int64_t>(tiles.size());
+  const uint64_t per_part =
+      static_cast<uint64_t>(TileElements(tiles) + s.n) * sizeof(double);
+  if (threads > 1) {
+    int64_t parts = (threads + ntiles - 1) / ntiles;
+    parts = std::min<int64_t>(parts, s.len);
+    parts = std::min<int64_t>(parts, static_cast<int64_t>(budget / per_part));
+    p.parts = std::max<int64_t>(parts, 1);
+  }
+  p.held_bytes = p.parts > 1 ? per_part * p.parts : 0;
+  p.per_thread_bytes = PerThreadTileBytes(p.tile, avx512, v.dtype);
+  const int64_t items = ntiles * p.parts;
+  p.bound_bytes = p.held_bytes + p.per_thread_bytes *
+                                     static_cast<uint64_t>(std::min<int64_t>(
+                                         std::max<int64_t>(threads, 1), items));
+  return p;
+}
+
+// A tile's contribution: the sum of its parts' partial tiles (gs, and for a
+// diagonal tile ds) reduced to the sum of squares of its strict-upper
+// entries; a diagonal tile also writes the float64 diagonal to d and the
+// kernel's own diagonal to gd (t.ni each).
+double ReduceTile(const Tile& t, absl::Span<const double* const> gs,
+                  absl::Span<const double* const> ds, double* d, double* gd) {
+  const bool dg = t.diagonal();
+  double off = 0;
+  for (int64_t i = 0; i < t.ni; ++i) {
+    if (dg) {
+      double dd = 0, gg = 0;
+      for (size_t p = 0; p < gs.size(); ++p) {
+        dd += ds[p][i];
+        gg += gs[p][i * t.nj + i];
+      }
+      d[i] = dd;
+      gd[i] = gg;
+    }
+    if (gs.size() == 1) {
+      const double* row = gs[0] + i * t.nj;
+      for (int64_t j = dg ? i + 1 : 0; j < t.nj; ++j) off += row[j] * row[j];
+    } else {
+      for (int64_t j = dg ? i + 1 : 0; j < t.nj; ++j) {
+        double x = 0;
+        for (const double* g : gs) x += g[i * t.nj + j];
+        off += x * x;
+      }
     }
   }
-  if (scale == 0) return 0.0;
-  // Scale to max |w| = 1 so that no square can under- or overflow in double.
-  for (double& x : a) x /= scale;
-  std::vector<double> g(static_cast<size_t>(s.n * s.n));
-  cblas_dsyrk(CblasRowMajor, CblasUpper, s.wide ? CblasNoTrans : CblasTrans,
-              static_cast<int>(s.n), static_cast<int>(s.len), 1.0, a.data(),
-              static_cast<int>(v.cols), 0.0, g.data(), static_cast<int>(s.n));
-  double trace = 0, g2 = 0, off = 0;
-  for (int64_t i = 0; i < s.n; ++i) {
-    const double d = g[i * s.n + i];
-    trace += d;
-    g2 += d * d;
-    for (int64_t j = i + 1; j < s.n; ++j)
-      off += g[i * s.n + j] * g[i * s.n + j];
-  }
-  g2 += 2 * off;
-  return g2 > 0 ? trace * trace / g2 : 0.0;
+  return off;
 }
 
-// PR from the parts of an algebraic Gram. Returns nullopt-like -1 when the
-// f32 Gram cannot be trusted (the caller falls back to float64).
+// PR from the Gram's float64 diagonal d, the kernel's diagonal gd and the
+// sum of squares of its strict upper triangle. Returns kUntrusted when the
+// f32 Gram cannot be trusted (the caller falls back to float64); *finite
+// is false when the data holds NaN or Inf.
 constexpr double kUntrusted = -1.0;
 
-double FinishAlgebraic(int64_t n, absl::Span<const double* const> grams,
-                       absl::Span<const double* const> diags, bool* finite) {
+double FinishAlgebraic(int64_t n, const double* d, const double* gd,
+                       double off, bool* finite) {
   double trace = 0, sum_diag2 = 0, max_diag = 0;
   bool trusted = true;
   for (int64_t i = 0; i < n; ++i) {
-    double d = 0, gd = 0;
-    for (size_t p = 0; p < diags.size(); ++p) {
-      d += diags[p][i];
-      gd += grams[p][i * n + i];
-    }
-    trace += d;
-    sum_diag2 += d * d;
-    max_diag = std::max(max_diag, d);
+    trace += d[i];
+    sum_diag2 += d[i] * d[i];
+    max_diag = std::max(max_diag, d[i]);
     // The f32 diagonal must agree with the float64 one (a sanity check: the
     // rounding error alone is far below 1e-3).
-    if (!(std::fabs(gd - d) <= 1e-3 * d)) trusted = false;
+    if (!(std::fabs(gd[i] - d[i]) <= 1e-3 * d[i])) trusted = false;
   }
   *finite = std::isfinite(trace);
   if (!*finite) return 0.0;
@@ -565,36 +722,118 @@ double FinishAlgebraic(int64_t n, absl::Span<const double* const> grams,
   // range (e.g. all entries ~1e-21: squares are denormal) use float64.
   if (!(max_diag >= 1e-30 && max_diag <= 1e36)) trusted = false;
   if (!trusted) return kUntrusted;
-  double off = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = i + 1; j < n; ++j) {
-      double x = 0;
-      for (const double* g : grams) x += g[i * n + j];
-      off += x * x;
-    }
-  }
   const double g2 = sum_diag2 + 2.0 * off;
   if (!std::isfinite(g2) || g2 <= 0) return kUntrusted;
   return trace * trace / g2;
 }
 
+// The float64 Gram fallback: used when the f32 Gram overflowed or underflowed
+// (its diagonal disagrees with the float64 one), e.g. entries near 1e20 or
+// 1e-25. Slower (dsyrk/dgemm on scaled float64 copies of operand blocks)
+// but exact to float64 rounding. Tiled like the f32 path, over chunks of
+// the long side, so it holds one tile and two operand blocks at a time.
+constexpr int64_t kFloat64Chunk = 1024;
+
+double AlgebraicFloat64(const MatrixView& v) {
+  g_float64_fallbacks.fetch_add(1, std::memory_order_relaxed);
+  Scratch& sc = ThreadScratch();
+  const Shape s = ShapeOf(v);
+  const auto* base = static_cast<const unsigned char*>(v.data);
+  const size_t esize = DTypeSize(v.dtype);
+  float* row = sc.conv_x.Grow(v.cols);
+  double scale = 0;
+  for (int64_t i = 0; i < v.rows; ++i) {
+    ConvertRowToFloat(base + static_cast<size_t>(i * v.ld) * esize, v.dtype,
+                      v.cols, row);
+    for (int64_t j = 0; j < v.cols; ++j) {
+      scale = std::max(scale, std::fabs(static_cast<double>(row[j])));
+    }
+  }
+  if (scale == 0) return 0.0;
+  // Scale to max |w| = 1 so that no square can under- or overflow in double.
+  const double inv = 1.0 / scale;
+  // Operand rows [i0, i0 + ni) of the Gram over [c0, c1), scaled, as a
+  // row-major block: wide ni x kc, tall kc x ni.
+  auto load = [&](int64_t i0, int64_t ni, int64_t c0, int64_t c1,
+                  ScratchBuffer<double>& buf) {
+    const int64_t kc = c1 - c0;
+    double* dst = buf.Grow(ni * kc);
+    const int64_t r0 = s.wide ? i0 : c0, r1 = s.wide ? i0 + ni : c1;
+    const int64_t col0 = s.wide ? c0 : i0, w = s.wide ? kc : ni;
+    float* tmp = sc.conv_x.Grow(w);
+    for (int64_t r = r0; r < r1; ++r) {
+      ConvertRowToFloat(base + static_cast<size_t>(r * v.ld + col0) * esize,
+                        v.dtype, w, tmp);
+      for (int64_t j = 0; j < w; ++j) dst[(r - r0) * w + j] = tmp[j] * inv;
+    }
+    return dst;
+  };
+  const int64_t side = std::min(s.n, kGramTile);
+  double trace = 0, g2 = 0;
+  for (const Tile& t : UpperTiles(s.n, side)) {
+    double* g = sc.gram.Grow(t.ni * t.nj);
+    const int ni = static_cast<int>(t.ni), nj = static_cast<int>(t.nj);
+    for (int64_t c0 = 0; c0 < s.len; c0 += kFloat64Chunk) {
+      const int64_t c1 = std::min(s.len, c0 + kFloat64Chunk);
+      const int k = static_cast<int>(c1 - c0);
+      const double beta = c0 == 0 ? 0.0 : 1.0;
+      const double* x = load(t.i0, t.ni, c0, c1, sc.f64_x);
+      const int ldx = s.wide ? k : ni;
+      if (t.diagonal()) {
+        cblas_dsyrk(CblasRowMajor, CblasUpper,
+                    s.wide ? CblasNoTrans : CblasTrans, ni, k, 1.0, x, ldx,
+                    beta, g, nj);
+      } else {
+        const double* y = load(t.j0, t.nj, c0, c1, sc.f64_y);
+        const int ldy = s.wide ? k : nj;
+        cblas_dgemm(CblasRowMajor, s.wide ? CblasNoTrans : CblasTrans,
+                    s.wide ? CblasTrans : CblasNoTrans, ni, nj, k, 1.0, x, ldx,
+                    y, ldy, beta, g, nj);
+      }
+    }
+    double off = 0;
+    for (int64_t i = 0; i < t.ni; ++i) {
+      if (t.diagonal()) {
+        const double d = g[i * t.nj + i];
+        trace += d;
+        g2 += d * d;
+      }
+      for (int64_t j = t.diagonal() ? i + 1 : 0; j < t.nj; ++j) {
+        off += g[i * t.nj + j] * g[i * t.nj + j];
+      }
+    }
+    g2 += 2 * off;
+  }
+  return g2 > 0 ? trace * trace / g2 : 0.0;
+}
+
+// The algebraic variant on one thread: tile after tile over the whole long
+// side, each reduced as soon as it is done (one tile of scratch).
 absl::StatusOr<double> AlgebraicOne(const MatrixView& v, size_t index,
                                     bool avx512) {
   Scratch& sc = ThreadScratch();
   const Shape s = ShapeOf(v);
-  double* gram = Grow(sc.gram, s.n * s.n);
-  double* diag = Grow(sc.diag, s.n);
-  GramPart(v, 0, s.len, avx512, sc.conv, sc.gram32, gram, diag);
+  const int64_t side = std::min(s.n, kGramTile);
+  double* d = sc.diag.Grow(2 * s.n);
+  double* gd = d + s.n;
+  double off = 0;
+  for (const Tile& t : UpperTiles(s.n, side)) {
+    double* g = sc.gram.Grow(t.ni * t.nj);
+    GramTile(v, t, 0, s.len, avx512, sc, g, d + t.i0);
+    const double* gs[1] = {g};
+    const double* ds[1] = {d + t.i0};
+    // ReduceTile reads ds[0] before it writes d (the same slots).
+    off += ReduceTile(t, gs, ds, d + t.i0, gd + t.i0);
+  }
   bool finite = true;
-  const double* grams[1] = {gram};
-  const double* diags[1] = {diag};
-  const double pr = FinishAlgebraic(s.n, grams, diags, &finite);
+  const double pr = FinishAlgebraic(s.n, d, gd, off, &finite);
   if (!finite) return NonFiniteError(index);
   (avx512 ? g_avx512_grams : g_openblas_grams)
       .fetch_add(1, std::memory_order_relaxed);
   if (pr == kUntrusted) return AlgebraicFloat64(v);
   return pr;
 }
+
 
 
 // The float64 trace of G (= ||W||_F^2) from one pass over an f32 block.
@@ -635,7 +874,7 @@ absl::StatusOr<double> PowerIterOne(const MatrixView& v, const VariantSpec& sp,
                                     size_t index) {
   Scratch& sc = ThreadScratch();
   const Shape s = ShapeOf(v);
-  const F32Block b = LoadBlock(v, 0, v.rows, 0, v.cols, sc.conv);
+  const F32Block b = LoadBlock(v, 0, v.rows, 0, v.cols, sc.conv_x);
   const double trace = TraceOf(b, v);
   if (!std::isfinite(trace)) return NonFiniteError(index);
   if (trace == 0) return 0.0;
@@ -644,9 +883,9 @@ absl::StatusOr<double> PowerIterOne(const MatrixView& v, const VariantSpec& sp,
   const int64_t m = sp.hutch_plus_plus && k >= 3 ? k / 3 : 0;
   const int64_t probes = k - 2 * m;
   const int64_t width = std::max<int64_t>(probes, m);
-  float* z = Grow(sc.work_a, s.n * width);
-  float* gz = Grow(sc.work_b, s.n * width);
-  float* tmp = Grow(sc.work_c, s.len * width);
+  float* z = sc.work_a.Grow(s.n * width);
+  float* gz = sc.work_b.Grow(s.n * width);
+  float* tmp = sc.work_c.Grow(s.len * width);
   double g2 = 0;
   std::vector<float> q;
   if (m > 0) {
@@ -692,15 +931,15 @@ absl::StatusOr<double> SketchOne(const MatrixView& v, const VariantSpec& sp,
                                  size_t index) {
   Scratch& sc = ThreadScratch();
   const Shape s = ShapeOf(v);
-  const F32Block b = LoadBlock(v, 0, v.rows, 0, v.cols, sc.conv);
+  const F32Block b = LoadBlock(v, 0, v.rows, 0, v.cols, sc.conv_x);
   const double trace = TraceOf(b, v);
   if (!std::isfinite(trace)) return NonFiniteError(index);
   if (trace == 0) return 0.0;
   EstimatorRng rng(sp.seed);
   const int64_t r = sp.sketch_rank;
-  float* omega = Grow(sc.work_a, r * s.n);
-  float* y = Grow(sc.work_b, r * s.len);
-  float* mm = Grow(sc.work_c, r * r);
+  float* omega = sc.work_a.Grow(r * s.n);
+  float* y = sc.work_b.Grow(r * s.len);
+  float* mm = sc.work_c.Grow(r * r);
   rng.Gaussian(omega, r * s.n);
   const int n = static_cast<int>(s.n), len = static_cast<int>(s.len);
   const int ri = static_cast<int>(r), lda = static_cast<int>(b.lda);
@@ -730,14 +969,6 @@ absl::StatusOr<double> SketchOne(const MatrixView& v, const VariantSpec& sp,
   return ClampedPR(trace, g2, s.n);
 }
 
-absl::StatusOr<double> NaiveOne(const MatrixView& v, size_t index) {
-  absl::StatusOr<double> pr = OraclePR(v);
-  if (!pr.ok() && absl::IsInvalidArgument(pr.status())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch[", index, "]: ", pr.status().message()));
-  }
-  return pr;
-}
 
 // ---------------------------------------------------------------------------
 // A fixed pool: threads - 1 workers; the calling thread is the last worker.
@@ -814,25 +1045,22 @@ class WorkerPool {
   std::vector<std::thread> workers_;
 };
 
-absl::Status ValidateView(const MatrixView& v, size_t index) {
-  if (v.data == nullptr || v.rows <= 0 || v.cols <= 0 || v.ld < v.cols) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch[", index, "]: bad matrix view (data ",
-                     v.data == nullptr ? "null" : "set", ", rows ", v.rows,
-                     ", cols ", v.cols, ", ld ", v.ld, ")"));
-  }
-  // BLAS takes int dimensions.
-  if (v.rows > INT32_MAX || v.cols > INT32_MAX || v.ld > INT32_MAX) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch[", index, "]: dimensions exceed 2^31"));
-  }
-  return absl::OkStatus();
+
+absl::Status OutOfMemory(size_t index) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "batch[", index, "]: out of memory for the cpu engine's scratch"));
+}
+
+absl::StatusOr<double> NaiveOne(const MatrixView& v, size_t index) {
+  return SvdPR(v, index);
 }
 
 class CpuEngine : public Engine {
  public:
-  // avx512: the wide Gram runs on GramWideAvx512; otherwise on ssyrk.
-  CpuEngine(int threads, bool avx512) : avx512_(avx512), pool_(threads) {}
+  // avx512: the Gram runs on our AVX-512 kernels; otherwise on OpenBLAS.
+  // budget: the held partial tiles of one call (see cpu_engine_stats.h).
+  CpuEngine(int threads, bool avx512, uint64_t budget)
+      : avx512_(avx512), budget_(budget), pool_(threads) {}
 
   std::string Backend() const override { return kBackend; }
   std::string Version() const override {
@@ -852,71 +1080,47 @@ class CpuEngine : public Engine {
   absl::Status ComputePR(absl::Span<const MatrixView> batch,
                          const VariantSpec& variant,
                          absl::Span<double> out) override {
-    if (out.size() != batch.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "out has ", out.size(), " slots for a batch of ", batch.size()));
-    }
-    // Poison the output: a slot nobody wrote reads as NaN.
-    std::fill(out.begin(), out.end(), std::numeric_limits<double>::quiet_NaN());
-    const std::string name =
-        variant.name.empty() ? std::string(kDefaultVariant) : variant.name;
-    enum class Kind { kAlgebraic, kNaive, kPowerIter, kSketch } kind;
-    if (name == "algebraic") {
-      kind = Kind::kAlgebraic;
-    } else if (name == "naive") {
-      kind = Kind::kNaive;
-    } else if (name == "power_iter") {
-      kind = Kind::kPowerIter;
-      if (variant.probes < 1) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("power_iter needs probes >= 1, got ", variant.probes));
-      }
-    } else if (name == "sketch") {
-      kind = Kind::kSketch;
-      if (variant.sketch_rank < 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "sketch needs sketch_rank >= 1, got ", variant.sketch_rank));
-      }
-    } else if (name == "fused") {
+    absl::StatusOr<VariantKind> kind =
+        CheckCall(batch, variant, out, kBackend, kDefaultVariant);
+    if (!kind.ok()) return kind.status();
+    if (*kind == VariantKind::kFused) {
       return absl::UnimplementedError(
           "variant 'fused' is a GPU kernel; not implemented on the cpu "
           "backend");
-    } else {
-      return absl::UnimplementedError(absl::StrCat(
-          "unknown variant '", name, "' on the cpu backend (known: ",
-          absl::StrJoin(KnownVariants(), ", "), ")"));
     }
-    for (size_t i = 0; i < batch.size(); ++i) {
-      absl::Status s = ValidateView(batch[i], i);
-      if (!s.ok()) return s;
-    }
-
-    std::vector<absl::Status> errors(batch.size());
-    if (kind == Kind::kAlgebraic &&
+    if (*kind == VariantKind::kAlgebraic &&
         static_cast<int>(batch.size()) < pool_.size() &&
         std::any_of(batch.begin(), batch.end(), [](const MatrixView& v) {
           return GramFlops(v) >= kSplitMinFlops;
         })) {
       return SplitAlgebraic(batch, out);
     }
+    std::vector<absl::Status> errors(batch.size());
     pool_.ParallelFor(static_cast<int64_t>(batch.size()), [&](int64_t i) {
       const MatrixView& v = batch[i];
       absl::StatusOr<double> pr;
-      switch (kind) {
-        case Kind::kAlgebraic:
-          pr = AlgebraicOne(v, i, avx512_);
-          break;
-        case Kind::kNaive:
-          pr = NaiveOne(v, i);
-          break;
-        case Kind::kPowerIter:
-          pr = PowerIterOne(v, variant, i);
-          break;
-        case Kind::kSketch:
-          pr = SketchOne(v, variant, i);
-          break;
+      try {
+        switch (*kind) {
+          case VariantKind::kAlgebraic:
+            pr = AlgebraicOne(v, i, avx512_);
+            break;
+          case VariantKind::kNaive:
+            pr = NaiveOne(v, i);
+            break;
+          case VariantKind::kPowerIter:
+            pr = PowerIterOne(v, variant, i);
+            break;
+          case VariantKind::kSketch:
+            pr = SketchOne(v, variant, i);
+            break;
+          case VariantKind::kFused:
+            break;  // refused above
+        }
+        TrimThreadScratch();
+      } catch (const std::bad_alloc&) {
+        TrimThreadScratch();
+        pr = OutOfMemory(i);
       }
-      TrimThreadScratch();
       if (pr.ok()) {
         out[i] = *pr;
       } else {
@@ -930,63 +1134,140 @@ class CpuEngine : public Engine {
   }
 
  private:
-  // A batch smaller than the pool: each large matrix is cut along its long
-  // side into one part per thread; the parts' float64 Grams are summed. Small
-  // matrices stay whole.
+  // A batch smaller than the pool. Each large matrix's Gram tiles (and,
+  // with fewer tiles than threads, parts of the long side: MakePlan) are
+  // spread across the threads; small matrices stay whole. Partial tiles of
+  // a matrix cut into parts are held until all its parts are done, then
+  // summed in float64 and reduced; a matrix in one part has each tile
+  // reduced by the worker that computed it.
   absl::Status SplitAlgebraic(absl::Span<const MatrixView> batch,
                               absl::Span<double> out) {
-    struct Part {
-      size_t matrix;
-      int64_t k0, k1;
-      std::vector<float> conv, gram32;
-      std::vector<double> gram, diag;
+    struct Work {
+      CpuGramPlan plan;
+      std::vector<Tile> tiles;
+      std::vector<double> off;  // per tile: its strict-upper sum of squares
+      std::vector<double> d, gd;  // the float64 and the kernel's diagonal
+      size_t first_item = 0;
     };
-    std::vector<Part> parts;
-    std::vector<std::pair<size_t, size_t>> ranges(
-        batch.size());  // [first, last)
+    struct Item {
+      size_t matrix;
+      size_t tile;
+      int64_t part;
+      ScratchBuffer<double> gram, diag;  // held partial tile (parts > 1)
+    };
     const int threads = pool_.size();
+    const auto large = [](const MatrixView& v) {
+      return GramFlops(v) >= kSplitMinFlops;
+    };
+    const uint64_t budget =
+        budget_ / std::max<uint64_t>(
+                      1, std::count_if(batch.begin(), batch.end(), large));
+    std::vector<Work> work(batch.size());
+    size_t total = 0;
     for (size_t i = 0; i < batch.size(); ++i) {
+      Work& w = work[i];
       const Shape s = ShapeOf(batch[i]);
-      int64_t pieces = GramFlops(batch[i]) >= kSplitMinFlops ? threads : 1;
-      pieces = std::min<int64_t>(pieces, s.len);
-      ranges[i].first = parts.size();
-      for (int64_t p = 0; p < pieces; ++p) {
-        Part part;
-        part.matrix = i;
-        part.k0 = s.len * p / pieces;
-        part.k1 = s.len * (p + 1) / pieces;
-        parts.push_back(std::move(part));
-      }
-      ranges[i].second = parts.size();
+      w.plan = MakePlan(batch[i], large(batch[i]) ? threads : 1, avx512_,
+                        budget);
+      w.tiles = UpperTiles(s.n, w.plan.tile);
+      w.off.assign(w.tiles.size(), 0.0);
+      w.d.assign(static_cast<size_t>(s.n), 0.0);
+      w.gd.assign(static_cast<size_t>(s.n), 0.0);
+      w.first_item = total;
+      total += w.tiles.size() * static_cast<size_t>(w.plan.parts);
     }
-    pool_.ParallelFor(static_cast<int64_t>(parts.size()), [&](int64_t j) {
-      Part& p = parts[j];
-      const MatrixView& v = batch[p.matrix];
-      const int64_t n = ShapeOf(v).n;
-      p.gram.resize(static_cast<size_t>(n * n));
-      p.diag.resize(static_cast<size_t>(n));
-      GramPart(v, p.k0, p.k1, avx512_, p.conv, p.gram32, p.gram.data(),
-               p.diag.data());
-    });
+    std::vector<Item> items;
+    items.reserve(total);
     for (size_t i = 0; i < batch.size(); ++i) {
-      std::vector<const double*> grams;
-      std::vector<const double*> diags;
-      for (size_t j = ranges[i].first; j < ranges[i].second; ++j) {
-        grams.push_back(parts[j].gram.data());
-        diags.push_back(parts[j].diag.data());
+      for (size_t t = 0; t < work[i].tiles.size(); ++t) {
+        for (int64_t p = 0; p < work[i].plan.parts; ++p) {
+          items.push_back(Item{i, t, p, {}, {}});
+        }
       }
+    }
+    std::vector<char> failed(items.size(), 0);
+    pool_.ParallelFor(static_cast<int64_t>(items.size()), [&](int64_t j) {
+      Item& it = items[j];
+      Work& w = work[it.matrix];
+      const MatrixView& v = batch[it.matrix];
+      const Tile& t = w.tiles[it.tile];
+      const int64_t len = ShapeOf(v).len, parts = w.plan.parts;
+      const int64_t k0 = len * it.part / parts;
+      const int64_t k1 = len * (it.part + 1) / parts;
+      Scratch& sc = ThreadScratch();
+      try {
+        if (parts == 1) {
+          double* g = sc.gram.Grow(t.ni * t.nj);
+          double* dg = sc.diag.Grow(t.ni);
+          GramTile(v, t, k0, k1, avx512_, sc, g, dg);
+          const double* gs[1] = {g};
+          const double* ds[1] = {dg};
+          w.off[it.tile] =
+              ReduceTile(t, gs, ds, &w.d[t.i0], &w.gd[t.i0]);
+        } else {
+          GramTile(v, t, k0, k1, avx512_, sc, it.gram.Grow(t.ni * t.nj),
+                   it.diag.Grow(t.ni));
+        }
+      } catch (const std::bad_alloc&) {
+        failed[j] = 1;
+      }
+      TrimThreadScratch();
+    });
+    // The held parts, summed and reduced tile by tile, across the threads.
+    std::vector<std::pair<size_t, size_t>> held;  // (matrix, tile)
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (work[i].plan.parts == 1) continue;
+      for (size_t t = 0; t < work[i].tiles.size(); ++t) held.push_back({i, t});
+    }
+    pool_.ParallelFor(static_cast<int64_t>(held.size()), [&](int64_t h) {
+      const auto [i, t] = held[h];
+      Work& w = work[i];
+      const size_t parts = static_cast<size_t>(w.plan.parts);
+      const size_t first = w.first_item + t * parts;
+      std::vector<const double*> gs(parts), ds(parts);
+      for (size_t p = 0; p < parts; ++p) {
+        if (failed[first + p]) return;
+        gs[p] = items[first + p].gram.data();
+        ds[p] = items[first + p].diag.data();
+      }
+      const Tile& tile = w.tiles[t];
+      w.off[t] = ReduceTile(tile, gs, ds, &w.d[tile.i0], &w.gd[tile.i0]);
+      for (size_t p = 0; p < parts; ++p) {
+        items[first + p].gram.Release();
+        items[first + p].diag.Release();
+      }
+    });
+    for (size_t j = 0; j < items.size(); ++j) {
+      if (failed[j]) return OutOfMemory(items[j].matrix);
+    }
+    items.clear();
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Work& w = work[i];
+      double off = 0;
+      for (double o : w.off) off += o;
       bool finite = true;
-      const double pr =
-          FinishAlgebraic(ShapeOf(batch[i]).n, grams, diags, &finite);
+      const double pr = FinishAlgebraic(static_cast<int64_t>(w.d.size()),
+                                        w.d.data(), w.gd.data(), off, &finite);
       if (!finite) return NonFiniteError(i);
       (avx512_ ? g_avx512_grams : g_openblas_grams)
           .fetch_add(1, std::memory_order_relaxed);
-      out[i] = pr == kUntrusted ? AlgebraicFloat64(batch[i]) : pr;
+      if (pr != kUntrusted) {
+        out[i] = pr;
+        continue;
+      }
+      try {
+        out[i] = AlgebraicFloat64(batch[i]);
+      } catch (const std::bad_alloc&) {
+        TrimThreadScratch();
+        return OutOfMemory(i);
+      }
+      TrimThreadScratch();
     }
     return absl::OkStatus();
   }
 
-  const bool avx512_;  // Gram kernel choice, fixed at construction
+  const bool avx512_;      // Gram kernel choice, fixed at construction
+  const uint64_t budget_;  // held partial tiles per call
   WorkerPool pool_;
 };
 
@@ -997,27 +1278,71 @@ CpuEngineCounters GetCpuEngineCounters() {
   c.avx512_grams = g_avx512_grams.load(std::memory_order_relaxed);
   c.openblas_grams = g_openblas_grams.load(std::memory_order_relaxed);
   c.float64_fallbacks = g_float64_fallbacks.load(std::memory_order_relaxed);
+  c.scratch_bytes_now = g_scratch_now.load(std::memory_order_relaxed);
+  c.scratch_bytes_peak = g_scratch_peak.load(std::memory_order_relaxed);
   return c;
 }
 
-std::unique_ptr<Engine> NewCpuEngine(int threads) {
+void ResetCpuScratchPeak() {
+  g_scratch_peak.store(g_scratch_now.load(std::memory_order_relaxed),
+                       std::memory_order_relaxed);
+}
+
+bool CpuHasAvx512() {
+#if defined(__x86_64__)
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+#else
+  return false;
+#endif
+}
+
+CpuGramPlan PlanCpuGram(const MatrixView& v, int threads, bool avx512,
+                        uint64_t budget) {
+  return MakePlan(v, threads, avx512, budget);
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> NewCpuEngineWithOptions(
+    const CpuEngineOptions& options) {
+  int threads = options.threads;
   if (threads <= 0) {
     threads =
         static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  bool avx512 = false;
+  switch (options.gram) {
+    case CpuGramKernel::kAuto: {
+      // RVD_CPU_GRAM=openblas forces OpenBLAS (A-B comparisons in one
+      // binary, and the portable path on an AVX-512 host).
+      const char* gram = std::getenv("RVD_CPU_GRAM");
+      avx512 = CpuHasAvx512() &&
+               (gram == nullptr || std::string(gram) != "openblas");
+      break;
+    }
+    case CpuGramKernel::kAvx512:
+      if (!CpuHasAvx512()) {
+        return absl::FailedPreconditionError(
+            "the AVX-512 Gram kernel needs a CPU with AVX-512F");
+      }
+      avx512 = true;
+      break;
+    case CpuGramKernel::kOpenBlas:
+      avx512 = false;
+      break;
   }
   // Our pool is the parallelism; OpenBLAS runs in the calling thread. This is
   // process-wide (OpenBLAS 0.3.21 has no per-thread setting).
   static std::once_flag once;
   std::call_once(once, [] { openblas_set_num_threads(1); });
-  // RVD_CPU_GRAM=openblas forces ssyrk (for A-B comparisons in one binary).
-  const char* gram = std::getenv("RVD_CPU_GRAM");
-  bool avx512 = gram == nullptr || std::string(gram) != "openblas";
-#if defined(__x86_64__)
-  avx512 = avx512 && CpuHasAvx512();
-#else
-  avx512 = false;
-#endif
-  return std::make_unique<CpuEngine>(threads, avx512);
+  return std::make_unique<CpuEngine>(threads, avx512,
+                                     options.gram_scratch_budget);
+}
+
+std::unique_ptr<Engine> NewCpuEngine(int threads) {
+  CpuEngineOptions options;
+  options.threads = threads;
+  // kAuto cannot fail.
+  return *NewCpuEngineWithOptions(options);
 }
 
 }  // namespace rvd
