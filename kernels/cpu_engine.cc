@@ -543,9 +543,11 @@ F32Block LoadOperand(const MatrixView& v, const Shape& s, int64_t i0,
 // Tile t of the Gram over the long-side range [k0, k1) into g (t.ni x t.nj,
 // row-major, float64) and, for a diagonal tile, the float64 diagonal
 // (row or column sums of squares over the range) into diag (t.ni). g holds
-// the upper triangle of a diagonal tile and all of any other.
+// the upper triangle of a diagonal tile and all of any other. mutant: the
+// deliberate bug the tests must catch (CpuEngineOptions): the tile's last
+// column is dropped (its diagonal entry kept).
 void GramTile(const MatrixView& v, const Tile& t, int64_t k0, int64_t k1,
-              bool avx512, Scratch& sc, double* g, double* diag) {
+              bool avx512, bool mutant, Scratch& sc, double* g, double* diag) {
   const Shape s = ShapeOf(v);
   const bool dg = t.diagonal();
   std::fill(g, g + t.ni * t.nj, 0.0);
@@ -604,6 +606,11 @@ void GramTile(const MatrixView& v, const Tile& t, int64_t k0, int64_t k1,
                     0.0f, g32, nj);
       }
       for (int64_t i = 0; i < t.ni * t.nj; ++i) g[i] += g32[i];
+    }
+  }
+  if (mutant) {
+    for (int64_t i = 0; i < t.ni; ++i) {
+      if (!(dg && i == t.nj - 1)) g[i * t.nj + t.nj - 1] = 0;
     }
   }
 }
@@ -810,7 +817,7 @@ double AlgebraicFloat64(const MatrixView& v) {
 // The algebraic variant on one thread: tile after tile over the whole long
 // side, each reduced as soon as it is done (one tile of scratch).
 absl::StatusOr<double> AlgebraicOne(const MatrixView& v, size_t index,
-                                    bool avx512) {
+                                    bool avx512, bool mutant) {
   Scratch& sc = ThreadScratch();
   const Shape s = ShapeOf(v);
   const int64_t side = std::min(s.n, kGramTile);
@@ -819,7 +826,7 @@ absl::StatusOr<double> AlgebraicOne(const MatrixView& v, size_t index,
   double off = 0;
   for (const Tile& t : UpperTiles(s.n, side)) {
     double* g = sc.gram.Grow(t.ni * t.nj);
-    GramTile(v, t, 0, s.len, avx512, sc, g, d + t.i0);
+    GramTile(v, t, 0, s.len, avx512, mutant, sc, g, d + t.i0);
     const double* gs[1] = {g};
     const double* ds[1] = {d + t.i0};
     // ReduceTile reads ds[0] before it writes d (the same slots).
@@ -1059,8 +1066,9 @@ class CpuEngine : public Engine {
  public:
   // avx512: the Gram runs on our AVX-512 kernels; otherwise on OpenBLAS.
   // budget: the held partial tiles of one call (see cpu_engine_stats.h).
-  CpuEngine(int threads, bool avx512, uint64_t budget)
-      : avx512_(avx512), budget_(budget), pool_(threads) {}
+  // mutant: GramTile's deliberate bug, for the tests' gates.
+  CpuEngine(int threads, bool avx512, uint64_t budget, bool mutant)
+      : avx512_(avx512), budget_(budget), mutant_(mutant), pool_(threads) {}
 
   std::string Backend() const override { return kBackend; }
   std::string Version() const override {
@@ -1102,7 +1110,7 @@ class CpuEngine : public Engine {
       try {
         switch (*kind) {
           case VariantKind::kAlgebraic:
-            pr = AlgebraicOne(v, i, avx512_);
+            pr = AlgebraicOne(v, i, avx512_, mutant_);
             break;
           case VariantKind::kNaive:
             pr = NaiveOne(v, i);
@@ -1199,14 +1207,14 @@ class CpuEngine : public Engine {
         if (parts == 1) {
           double* g = sc.gram.Grow(t.ni * t.nj);
           double* dg = sc.diag.Grow(t.ni);
-          GramTile(v, t, k0, k1, avx512_, sc, g, dg);
+          GramTile(v, t, k0, k1, avx512_, mutant_, sc, g, dg);
           const double* gs[1] = {g};
           const double* ds[1] = {dg};
           w.off[it.tile] =
               ReduceTile(t, gs, ds, &w.d[t.i0], &w.gd[t.i0]);
         } else {
-          GramTile(v, t, k0, k1, avx512_, sc, it.gram.Grow(t.ni * t.nj),
-                   it.diag.Grow(t.ni));
+          GramTile(v, t, k0, k1, avx512_, mutant_, sc,
+                   it.gram.Grow(t.ni * t.nj), it.diag.Grow(t.ni));
         }
       } catch (const std::bad_alloc&) {
         failed[j] = 1;
@@ -1268,6 +1276,7 @@ class CpuEngine : public Engine {
 
   const bool avx512_;      // Gram kernel choice, fixed at construction
   const uint64_t budget_;  // held partial tiles per call
+  const bool mutant_;      // GramTile's deliberate bug (tests only)
   WorkerPool pool_;
 };
 
@@ -1335,7 +1344,8 @@ absl::StatusOr<std::unique_ptr<Engine>> NewCpuEngineWithOptions(
   static std::once_flag once;
   std::call_once(once, [] { openblas_set_num_threads(1); });
   return std::make_unique<CpuEngine>(threads, avx512,
-                                     options.gram_scratch_budget);
+                                     options.gram_scratch_budget,
+                                     options.gram_mutant_for_test);
 }
 
 std::unique_ptr<Engine> NewCpuEngine(int threads) {

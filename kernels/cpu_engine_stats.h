@@ -53,6 +53,9 @@ struct CpuEngineOptions {
   int threads = 0;  // <= 0: one per core
   CpuGramKernel gram = CpuGramKernel::kAuto;
   uint64_t gram_scratch_budget = kDefaultGramScratchBudget;
+  // A deliberate Gram kernel bug (each tile's last column dropped), so that
+  // a test can show its checks catch a wrong kernel. Never in the daemon.
+  bool gram_mutant_for_test = false;
 };
 
 // FAILED_PRECONDITION for kAvx512 on a CPU without AVX-512F.
