@@ -28,9 +28,9 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "kernels/cpu_engine_stats.h"
-#include "kernels/dtype_convert.h"
 #include "kernels/engine.h"
 #include "kernels/pr_check.h"
+#include "kernels/test_matrices.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(int, batch, 64, "matrices per batch");
@@ -51,59 +51,19 @@ ABSL_FLAG(int, ab_rounds, 4,
 namespace rvd {
 namespace {
 
+// Inputs from the one test-matrix generator (kernels/test_matrices.h):
+// power-law spectra, stored in the benchmark's dtype.
 struct Batch {
-  std::vector<std::vector<uint8_t>> storage;
+  std::vector<StoredMatrix> storage;
   std::vector<MatrixView> views;
   double bytes = 0;
 };
 
-// W = U diag(s) Z / sqrt(cols): U orthonormal (n x n), Z Gaussian (n x cols),
-// s_i = i^-0.7. Z's rows are nearly orthonormal for cols >> n, so the
-// spectrum is close to the power law. Stored in `dtype` (rounded to nearest
-// even), wide or transposed by shape.
 void AddMatrix(Batch& b, std::mt19937_64& rng, int rows, int cols, DType dt) {
-  const int n = std::min(rows, cols), len = std::max(rows, cols);
-  std::normal_distribution<float> normal;
-  std::vector<float> u(static_cast<size_t>(n) * n),
-      z(static_cast<size_t>(n) * len);
-  for (float& x : u) x = normal(rng);
-  // Orthonormalize U's columns (modified Gram-Schmidt in double).
-  for (int c = 0; c < n; ++c) {
-    for (int p = 0; p < c; ++p) {
-      double dot = 0;
-      for (int i = 0; i < n; ++i) dot += double(u[i * n + p]) * u[i * n + c];
-      for (int i = 0; i < n; ++i) u[i * n + c] -= float(dot) * u[i * n + p];
-    }
-    double nn = 0;
-    for (int i = 0; i < n; ++i) nn += double(u[i * n + c]) * u[i * n + c];
-    for (int i = 0; i < n; ++i) u[i * n + c] /= float(std::sqrt(nn));
-  }
-  for (int i = 0; i < n; ++i) {
-    const float s = std::pow(float(i + 1), -0.7f);
-    for (int j = 0; j < len; ++j) z[size_t(i) * len + j] = normal(rng) * s;
-  }
-  std::vector<float> w(static_cast<size_t>(n) * len);  // n x len
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, len, n, 1.0f,
-              u.data(), n, z.data(), len, 0.0f, w.data(), len);
-  const size_t es = DTypeSize(dt);
-  std::vector<uint8_t> bytes(size_t(rows) * cols * es);
-  for (int i = 0; i < rows; ++i) {
-    for (int j = 0; j < cols; ++j) {
-      const float f =
-          rows <= cols ? w[size_t(i) * cols + j] : w[size_t(j) * len + i];
-      uint8_t* p = bytes.data() + (size_t(i) * cols + j) * es;
-      if (dt == DType::kF32) {
-        std::memcpy(p, &f, 4);
-      } else {
-        const uint16_t h =
-            dt == DType::kF16 ? FloatToHalf(f) : FloatToBFloat16(f);
-        std::memcpy(p, &h, 2);
-      }
-    }
-  }
-  b.storage.push_back(std::move(bytes));
-  b.views.push_back(MatrixView{b.storage.back().data(), rows, cols, cols, dt});
-  b.bytes += double(rows) * cols * es;
+  b.storage.push_back(Store(MakeMatrix(rng, rows, cols, Spectrum::kPowerLaw),
+                            rows, cols, dt, 0, "powerlaw"));
+  b.views.push_back(b.storage.back().view);
+  b.bytes += double(rows) * cols * DTypeSize(dt);
 }
 
 double NowMs() {
