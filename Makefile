@@ -13,7 +13,7 @@ DEBIAN_PACKAGES := cmake g++ make pkg-config \
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc \
   prometheus-cpp-dev libabsl-dev libyaml-cpp-dev libspdlog-dev \
   libgtest-dev libgmock-dev libopenblas-dev liblapacke-dev nlohmann-json3-dev \
-  libcurl4-openssl-dev prometheus \
+  libcurl4-openssl-dev libcivetweb-dev libcli11-dev prometheus \
   python3-grpcio python3-protobuf python3-numpy python3-pytest
 
 .PHONY: deps build run test bench clean

@@ -5,16 +5,23 @@
 // the next request, up to `max_idle_bytes` in total. With an engine's
 // allocator (CUDA: page-locked memory, which the GPU copies from several
 // times faster than from pageable memory) the buffers come from the engine;
-// an allocation it refuses falls back to ordinary memory. Thread-safe.
+// an allocation it refuses falls back to ordinary memory. An allocation
+// that fails is a RESOURCE_EXHAUSTED status, never an exception.
+// Thread-safe.
 #ifndef RVD_SERVER_BUFFER_POOL_H_
 #define RVD_SERVER_BUFFER_POOL_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <new>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 
 namespace rvd {
@@ -65,8 +72,9 @@ class BufferPool {
     for (const Block& b : idle_) Free(b);
   }
 
-  // The smallest idle buffer that fits, else a new one (not zeroed).
-  Buffer Get(uint64_t size) {
+  // The smallest idle buffer that fits, else a new one (not zeroed);
+  // RESOURCE_EXHAUSTED when memory for a new one cannot be had.
+  absl::StatusOr<Buffer> Get(uint64_t size) {
     {
       absl::MutexLock lock(&mu_);
       int best = -1;
@@ -88,7 +96,13 @@ class BufferPool {
       block.data = static_cast<char*>(allocator_.allocate(size));
       block.from_allocator = block.data != nullptr;
     }
-    if (block.data == nullptr) block.data = new char[size];
+    if (block.data == nullptr) {
+      block.data = static_cast<char*>(::operator new[](size, std::nothrow));
+    }
+    if (block.data == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate a receive buffer of ", size, " bytes"));
+    }
     return Buffer(this, block);
   }
 
@@ -104,7 +118,7 @@ class BufferPool {
     if (b.from_allocator) {
       allocator_.free(b.data);
     } else {
-      delete[] b.data;
+      ::operator delete[](b.data);
     }
   }
 
@@ -138,6 +152,60 @@ class BufferPool {
   mutable absl::Mutex mu_;
   std::vector<Block> idle_ ABSL_GUARDED_BY(mu_);
   uint64_t idle_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A budget of bytes shared by many holders, e.g. the received tensor bytes
+// of every request in flight (max_buffered_bytes). Thread-safe.
+class ByteBudget {
+ public:
+  explicit ByteBudget(uint64_t limit) : limit_(limit) {}
+
+  ByteBudget(const ByteBudget&) = delete;
+  ByteBudget& operator=(const ByteBudget&) = delete;
+
+  // Takes `bytes` and returns true, or takes nothing and returns false when
+  // the bytes in use would exceed the limit.
+  bool TryTake(uint64_t bytes) {
+    uint64_t used = used_.load();
+    do {
+      if (bytes > limit_ || used > limit_ - bytes) return false;
+    } while (!used_.compare_exchange_weak(used, used + bytes));
+    return true;
+  }
+  void Give(uint64_t bytes) { used_.fetch_sub(bytes); }
+
+  uint64_t used() const { return used_.load(); }
+  uint64_t limit() const { return limit_; }
+
+  // Bytes taken from a budget, given back when destroyed.
+  class Reservation {
+   public:
+    explicit Reservation(ByteBudget& budget) : budget_(budget) {}
+    Reservation(const Reservation&) = delete;
+    Reservation& operator=(const Reservation&) = delete;
+    ~Reservation() { budget_.Give(bytes_); }
+
+    // Takes `more` bytes; on false nothing was taken.
+    bool Take(uint64_t more) {
+      if (!budget_.TryTake(more)) return false;
+      bytes_ += more;
+      return true;
+    }
+    // Gives back `fewer` of the bytes taken.
+    void Give(uint64_t fewer) {
+      bytes_ -= fewer;
+      budget_.Give(fewer);
+    }
+    uint64_t bytes() const { return bytes_; }
+
+   private:
+    ByteBudget& budget_;
+    uint64_t bytes_ = 0;
+  };
+
+ private:
+  const uint64_t limit_;
+  std::atomic<uint64_t> used_{0};
 };
 
 }  // namespace rvd

@@ -23,7 +23,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
+#include "CLI/CLI.hpp"
 #include "kernels/engine.h"
 #include "yaml-cpp/yaml.h"
 
@@ -46,23 +48,30 @@ const char* NodeTypeName(const YAML::Node& node) {
   }
 }
 
-absl::Status TypeError(const std::string& key, const YAML::Node& node,
+// Where a value was written, for error messages: "config key 'k' ... (line
+// N)" for the YAML file, "flag --k" for the command line.
+struct Where {
+  std::string what;
+  int line = 0;  // 1-based; 0: not from a file
+};
+
+absl::Status TypeError(const Where& where, const YAML::Node& node,
                        absl::string_view want) {
   std::string got = NodeTypeName(node);
   if (node.IsScalar()) got = absl::StrCat("\"", node.Scalar(), "\"");
-  return absl::InvalidArgumentError(
-      absl::StrCat("config key '", key, "': expected ", want, ", got ", got,
-                   " (line ", node.Mark().line + 1, ")"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      where.what, ": expected ", want, ", got ", got,
+      where.line > 0 ? absl::StrCat(" (line ", where.line, ")") : ""));
 }
 
 // A string key: any scalar; null (`key:` with nothing after it) means "".
-absl::Status ReadValue(const std::string& key, const YAML::Node& node,
+absl::Status ReadValue(const Where& where, const YAML::Node& node,
                        std::string* out) {
   if (node.IsNull()) {
     out->clear();
     return absl::OkStatus();
   }
-  if (!node.IsScalar()) return TypeError(key, node, "a string");
+  if (!node.IsScalar()) return TypeError(where, node, "a string");
   *out = node.Scalar();
   return absl::OkStatus();
 }
@@ -71,11 +80,11 @@ absl::Status ReadValue(const std::string& key, const YAML::Node& node,
 // yaml-cpp's stream conversion, which is lax about signs on unsigned types.
 // (bool, also integral, takes the non-template overload below.)
 template <typename T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
-absl::Status ReadValue(const std::string& key, const YAML::Node& node, T* out) {
-  if (!node.IsScalar()) return TypeError(key, node, "an integer");
+absl::Status ReadValue(const Where& where, const YAML::Node& node, T* out) {
+  if (!node.IsScalar()) return TypeError(where, node, "an integer");
   T value;
   if (!absl::SimpleAtoi(node.Scalar(), &value)) {
-    return TypeError(key, node,
+    return TypeError(where, node,
                      std::is_signed_v<T> ? "an integer in range"
                                          : "a non-negative integer in range");
   }
@@ -83,22 +92,22 @@ absl::Status ReadValue(const std::string& key, const YAML::Node& node, T* out) {
   return absl::OkStatus();
 }
 
-absl::Status ReadValue(const std::string& key, const YAML::Node& node,
+absl::Status ReadValue(const Where& where, const YAML::Node& node,
                        bool* out) {
-  if (!node.IsScalar()) return TypeError(key, node, "true or false");
+  if (!node.IsScalar()) return TypeError(where, node, "true or false");
   // yaml-cpp's bool conversion accepts true/false, yes/no, on/off (any case)
   // and returns false from decode on anything else.
   bool value;
   if (!YAML::convert<bool>::decode(node, value)) {
-    return TypeError(key, node, "true or false");
+    return TypeError(where, node, "true or false");
   }
   *out = value;
   return absl::OkStatus();
 }
 
-absl::Status ReadValue(const std::string& key, const YAML::Node& node,
+absl::Status ReadValue(const Where& where, const YAML::Node& node,
                        double* out) {
-  if (!node.IsScalar()) return TypeError(key, node, "a number");
+  if (!node.IsScalar()) return TypeError(where, node, "a number");
   double value;
   // YAML spells the special values .inf, -.inf and .nan (any case);
   // ValidateConfig then rejects them where they make no sense.
@@ -110,44 +119,87 @@ absl::Status ReadValue(const std::string& key, const YAML::Node& node,
   } else if (lower == "-.inf") {
     value = -std::numeric_limits<double>::infinity();
   } else if (!absl::SimpleAtod(node.Scalar(), &value)) {
-    return TypeError(key, node, "a number");
+    return TypeError(where, node, "a number");
   }
   *out = value;
   return absl::OkStatus();
 }
 
-// One entry per config key: its name and the Config field it sets.
+std::string ValueText(const std::string& v) { return absl::StrCat("\"", v, "\""); }
+std::string ValueText(bool v) { return v ? "true" : "false"; }
+template <typename T>
+std::string ValueText(T v) {
+  return absl::StrCat(v);
+}
+
+// One entry per config key: its name, the Config field it sets, and the
+// help text of its flag (the YAML file documents the same keys at length).
 struct KeyReader {
   const char* name;
   std::variant<std::string Config::*, bool Config::*, int Config::*,
                uint32_t Config::*, uint64_t Config::*, double Config::*>
       field;
+  const char* help;
 
-  absl::Status Read(const YAML::Node& node, Config* config) const {
+  absl::Status Read(const Where& where, const YAML::Node& node,
+                    Config* config) const {
     return std::visit(
-        [&](auto member) { return ReadValue(name, node, &(config->*member)); },
+        [&](auto member) { return ReadValue(where, node, &(config->*member)); },
         field);
+  }
+  std::string Text(const Config& config) const {
+    return std::visit([&](auto member) { return ValueText(config.*member); },
+                      field);
+  }
+  bool is_bool() const {
+    return std::holds_alternative<bool Config::*>(field);
   }
 };
 
 const KeyReader kKeys[] = {
-    {"grpc_address", &Config::grpc_address},
-    {"metrics_address", &Config::metrics_address},
-    {"backend", &Config::backend},
-    {"data_dir", &Config::data_dir},
-    {"log_level", &Config::log_level},
-    {"history_capacity", &Config::history_capacity},
-    {"max_models", &Config::max_models},
-    {"engine_threads", &Config::engine_threads},
-    {"compute_workers", &Config::compute_workers},
-    {"max_inflight_requests", &Config::max_inflight_requests},
-    {"max_request_bytes", &Config::max_request_bytes},
-    {"per_head_metrics", &Config::per_head_metrics},
-    {"rv_alert_threshold", &Config::rv_alert_threshold},
-    {"default_variant", &Config::default_variant},
-    {"cuda_device", &Config::cuda_device},
-    {"cuda_streams", &Config::cuda_streams},
-    {"cuda_max_device_bytes", &Config::cuda_max_device_bytes},
+    {"grpc_address", &Config::grpc_address,
+     "HOST:PORT of the gRPC API (IPv6 in brackets: [::1]:50051)"},
+    {"metrics_address", &Config::metrics_address,
+     "HOST:PORT of http://HOST:PORT/metrics; \"\" turns metrics off"},
+    {"backend", &Config::backend, "auto | cpu | cuda"},
+    {"data_dir", &Config::data_dir,
+     "data directory; accepted but NOT USED YET (the durable history will "
+     "keep its log here)"},
+    {"log_level", &Config::log_level,
+     "trace | debug | info | warn | error | critical | off"},
+    {"history_capacity", &Config::history_capacity,
+     "measurements kept per model (>= 1)"},
+    {"max_models", &Config::max_models, "distinct model ids kept (>= 1)"},
+    {"max_watchers", &Config::max_watchers,
+     "WatchMeasurements streams at once; more are refused "
+     "(RESOURCE_EXHAUSTED); 0: none"},
+    {"max_metric_series", &Config::max_metric_series,
+     "per-layer and per-head PR series /metrics exports, all models "
+     "together; the overflow is counted in rvd_series_dropped_total"},
+    {"engine_threads", &Config::engine_threads,
+     "CPU engine threads; 0: one per core"},
+    {"compute_workers", &Config::compute_workers,
+     "measurements computed at once (>= 1)"},
+    {"max_inflight_requests", &Config::max_inflight_requests,
+     "measurements computing or queued for a worker; more are refused "
+     "(RESOURCE_EXHAUSTED)"},
+    {"max_request_bytes", &Config::max_request_bytes,
+     "tensor bytes one request may carry"},
+    {"max_buffered_bytes", &Config::max_buffered_bytes,
+     "received tensor bytes held at once, all requests together; 0: "
+     "max_request_bytes, else >= it"},
+    {"stream_idle_timeout_seconds", &Config::stream_idle_timeout_seconds,
+     "a MeasureStream that sends nothing for this long is cancelled (> 0)"},
+    {"per_head_metrics", &Config::per_head_metrics,
+     "export rvd_participation_ratio_head (one series per head)"},
+    {"rv_alert_threshold", &Config::rv_alert_threshold,
+     "> 0: export rvd_rv_below_threshold{model_id}; 0: off"},
+    {"default_variant", &Config::default_variant,
+     "variant for requests that name none; \"\": the backend's default"},
+    {"cuda_device", &Config::cuda_device, "CUDA device ordinal"},
+    {"cuda_streams", &Config::cuda_streams, "CUDA stream pool size (>= 1)"},
+    {"cuda_max_device_bytes", &Config::cuda_max_device_bytes,
+     "device memory rvd may hold (>= 64 MiB)"},
 };
 
 const KeyReader* FindKey(const std::string& name) {
@@ -190,19 +242,21 @@ absl::StatusOr<Config> ParseNode(const YAML::Node& root) {
           absl::StrCat("config: key '", key, "' appears more than once (line ",
                        entry.first.Mark().line + 1, ")"));
     }
-    absl::Status s = reader->Read(entry.second, &config);
+    absl::Status s = reader->Read(
+        {absl::StrCat("config key '", key, "'"), entry.second.Mark().line + 1},
+        entry.second, &config);
     if (!s.ok()) return s;
   }
   return config;
 }
 
-// HOST:PORT with a non-empty host (a name, an IPv4 address or a bracketed
-// IPv6 address such as [::1]) and a decimal port in 0..65535 (0: the OS picks).
-absl::Status CheckHostPort(absl::string_view key, absl::string_view address) {
+}  // namespace
+
+absl::StatusOr<HostPort> ParseHostPort(absl::string_view what,
+                                       absl::string_view address) {
   auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config key '", key, "': \"", address,
-                     "\" is not HOST:PORT (", why, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": \"", address, "\" is not HOST:PORT (", why, ")"));
   };
   const size_t colon = address.rfind(':');
   if (colon == absl::string_view::npos) return bad("no ':PORT'");
@@ -232,10 +286,8 @@ absl::Status CheckHostPort(absl::string_view key, absl::string_view address) {
   if (!absl::SimpleAtoi(port, &port_number) || port_number > 65535) {
     return bad("port out of range 0..65535");
   }
-  return absl::OkStatus();
+  return HostPort{std::string(host), port_number};
 }
-
-}  // namespace
 
 absl::StatusOr<Config> ParseConfig(const std::string& yaml_text) {
   try {
@@ -287,9 +339,11 @@ absl::Status ValidateConfig(const Config& config) {
   auto add = [&errors](const absl::Status& s) {
     if (!s.ok()) errors.emplace_back(s.message());
   };
-  add(CheckHostPort("grpc_address", config.grpc_address));
+  add(ParseHostPort("config key 'grpc_address'", config.grpc_address)
+          .status());
   if (!config.metrics_address.empty()) {
-    add(CheckHostPort("metrics_address", config.metrics_address));
+    add(ParseHostPort("config key 'metrics_address'", config.metrics_address)
+            .status());
   }
   if (config.backend != "auto" && config.backend != "cpu" &&
       config.backend != "cuda") {
@@ -343,6 +397,19 @@ absl::Status ValidateConfig(const Config& config) {
   if (config.max_request_bytes < 1) {
     errors.push_back("config key 'max_request_bytes': must be >= 1");
   }
+  if (config.max_buffered_bytes != 0 &&
+      config.max_buffered_bytes < config.max_request_bytes) {
+    errors.push_back(absl::StrCat(
+        "config key 'max_buffered_bytes': must be >= max_request_bytes (",
+        config.max_request_bytes, "), or no request of that size could ever "
+        "be received"));
+  }
+  if (!(config.stream_idle_timeout_seconds > 0) ||
+      !std::isfinite(config.stream_idle_timeout_seconds)) {
+    errors.push_back(
+        "config key 'stream_idle_timeout_seconds': must be a finite number > "
+        "0");
+  }
   if (!std::isfinite(config.rv_alert_threshold) ||
       config.rv_alert_threshold < 0) {
     errors.push_back(
@@ -351,6 +418,91 @@ absl::Status ValidateConfig(const Config& config) {
   }
   if (errors.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
+}
+
+}  // namespace rvd
+
+namespace rvd {
+
+absl::StatusOr<CommandLine> ParseCommandLine(int argc,
+                                             const char* const* argv) {
+  const Config defaults;
+  CLI::App app(
+      "rvd: measures the participation ratio of transformer V weights.\n"
+      "Reads the YAML config (--config), then applies the flags on top; "
+      "every config key is a flag, with dashes.",
+      "rvd");
+  app.footer(
+      "Signals: SIGTERM or SIGINT stop rvd (in-flight work gets 5 s, then "
+      "rvd exits anyway);\n"
+      "SIGHUP is logged and ignored (no reload yet); SIGUSR1 logs the "
+      "compute queue's state.");
+  app.set_version_flag("--version", RVD_VERSION);
+  std::string config_path;
+  app.add_option("--config", config_path,
+                 "YAML config file (default: the built-in defaults)")
+      ->type_name("FILE");
+  // Each flag is read as text and parsed by the YAML reader of its key, so
+  // that a value is spelled the same in the file and on the command line.
+  constexpr int kKeyCount = sizeof(kKeys) / sizeof(kKeys[0]);
+  std::vector<std::string> values(kKeyCount);
+  std::vector<CLI::Option*> options(kKeyCount);
+  for (int i = 0; i < kKeyCount; ++i) {
+    const KeyReader& key = kKeys[i];
+    const std::string flag =
+        "--" + absl::StrReplaceAll(key.name, {{"_", "-"}});
+    options[i] =
+        app.add_option(flag, values[i],
+                       absl::StrCat(key.help, " [", key.Text(defaults), "]"));
+    if (key.is_bool()) {
+      // --per-head-metrics alone means true; --per-head-metrics=false too.
+      options[i]->expected(0, 1)->default_str("true")->type_name("[BOOL]");
+    } else {
+      options[i]->type_name(std::visit(
+          [](auto member) -> std::string {
+            using T = std::remove_reference_t<decltype(Config().*member)>;
+            if constexpr (std::is_same_v<T, std::string>) return "TEXT";
+            if constexpr (std::is_floating_point_v<T>) return "NUMBER";
+            return "INT";
+          },
+          key.field));
+    }
+  }
+
+  CommandLine out;
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    out.exit_now = true;
+    out.text = app.help();
+    return out;
+  } catch (const CLI::CallForVersion&) {
+    out.exit_now = true;
+    out.text = absl::StrCat("rvd ", RVD_VERSION, "\n");
+    return out;
+  } catch (const CLI::ParseError& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(e.what(), " (rvd --help lists the flags)"));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(e.what());
+  }
+
+  if (!config_path.empty()) {
+    absl::StatusOr<Config> loaded = LoadConfig(config_path);
+    if (!loaded.ok()) return loaded.status();
+    out.config = *std::move(loaded);
+  }
+  for (int i = 0; i < kKeyCount; ++i) {
+    if (options[i]->count() == 0) continue;
+    std::string text = values[i];
+    if (kKeys[i].is_bool() && options[i]->results().empty()) text = "true";
+    YAML::Node node(text);
+    absl::Status s = kKeys[i].Read(
+        {absl::StrCat("flag ", options[i]->get_name()), 0}, node, &out.config);
+    if (!s.ok()) return s;
+  }
+  if (absl::Status s = ValidateConfig(out.config); !s.ok()) return s;
+  return out;
 }
 
 }  // namespace rvd

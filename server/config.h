@@ -1,4 +1,7 @@
 // rvd's configuration: config/rvd.yaml, then command-line flags on top.
+// Every config key is also a flag, spelled with dashes (--grpc-address);
+// the YAML file and the flags share one table and one value parser, so a
+// value means the same thing wherever it is written.
 #ifndef RVD_SERVER_CONFIG_H_
 #define RVD_SERVER_CONFIG_H_
 
@@ -6,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace rvd {
 
@@ -13,14 +17,26 @@ struct Config {
   std::string grpc_address = "127.0.0.1:50051";
   std::string metrics_address = "127.0.0.1:9464";  // empty: no /metrics
   std::string backend = "auto";                    // auto | cpu | cuda
-  std::string data_dir = "/var/lib/rvd";           // reserved for durability
+  std::string data_dir = "/var/lib/rvd";  // accepted, not used yet (durable
+                                          // history will keep its log here)
   std::string log_level = "info";                  // spdlog level name
   uint32_t history_capacity = 1000;     // measurements kept per model
   uint32_t max_models = 10000;          // distinct model ids kept
+  uint32_t max_watchers = 64;  // WatchMeasurements streams at once (0: none)
+  // rvd_participation_ratio(_head) series exported, all models together.
+  uint64_t max_metric_series = 100000;
   int engine_threads = 0;               // CPU engine threads; 0: one per core
   int compute_workers = 2;              // measurements computed at once
-  uint32_t max_inflight_requests = 16;  // more: RESOURCE_EXHAUSTED
+  // Measurements in the compute phase (computing, or queued for a worker
+  // until the client's deadline); more: RESOURCE_EXHAUSTED at once.
+  uint32_t max_inflight_requests = 256;
   uint64_t max_request_bytes = 4ull << 30;  // tensor bytes per request
+  // Received tensor bytes held at once, all requests together; a request
+  // whose bytes would exceed it: RESOURCE_EXHAUSTED. 0: max_request_bytes;
+  // else >= max_request_bytes. See BufferedBytesLimit.
+  uint64_t max_buffered_bytes = 0;
+  // A stream that sends nothing for this long is cancelled.
+  double stream_idle_timeout_seconds = 30;
   bool per_head_metrics = false;  // export rvd_participation_ratio_head
   double rv_alert_threshold = 0.0;  // rvd_rv_below_threshold when rv < this
   std::string default_variant;      // empty: the backend's default
@@ -36,6 +52,34 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml_text);
 absl::StatusOr<Config> LoadConfig(const std::string& path);
 // Checks ranges and address syntax.
 absl::Status ValidateConfig(const Config& config);
+
+// The byte budget of received tensors that `config` asks for.
+inline uint64_t BufferedBytesLimit(const Config& config) {
+  return config.max_buffered_bytes == 0 ? config.max_request_bytes
+                                        : config.max_buffered_bytes;
+}
+
+// HOST:PORT: a non-empty host (a name, an IPv4 address or a bracketed IPv6
+// address such as [::1]) and a decimal port in 0..65535 (0: the OS picks).
+struct HostPort {
+  std::string host;  // as written, brackets included
+  int port = 0;
+};
+// The one parser of addresses (grpc_address, metrics_address). The error
+// names `what` (e.g. "config key 'grpc_address'") and says what is wrong.
+absl::StatusOr<HostPort> ParseHostPort(absl::string_view what,
+                                       absl::string_view address);
+
+// What rvd's command line asks for.
+struct CommandLine {
+  Config config;          // defaults, then --config FILE, then the flags
+  bool exit_now = false;  // --help or --version: print `text`, exit 0
+  std::string text;
+};
+// Parses rvd's argv: --config FILE and one flag per config key. The
+// result's config is validated (ValidateConfig). Errors name the flag or
+// key and say what was expected; --help text lists every flag.
+absl::StatusOr<CommandLine> ParseCommandLine(int argc, const char* const* argv);
 
 }  // namespace rvd
 

@@ -30,8 +30,11 @@ TEST(ConfigTest, EmptyTextGivesDefaults) {
     EXPECT_EQ(c->max_models, 10000u);
     EXPECT_EQ(c->engine_threads, 0);
     EXPECT_EQ(c->compute_workers, 2);
-    EXPECT_EQ(c->max_inflight_requests, 16u);
+    EXPECT_EQ(c->max_inflight_requests, 256u);
     EXPECT_EQ(c->max_request_bytes, 4ull << 30);
+    EXPECT_EQ(c->max_buffered_bytes, 0u);
+    EXPECT_EQ(BufferedBytesLimit(*c), 4ull << 30);
+    EXPECT_EQ(c->stream_idle_timeout_seconds, 30.0);
     EXPECT_FALSE(c->per_head_metrics);
     EXPECT_EQ(c->rv_alert_threshold, 0.0);
     EXPECT_EQ(c->default_variant, "");
@@ -52,6 +55,8 @@ engine_threads: 4
 compute_workers: 5
 max_inflight_requests: 9
 max_request_bytes: 8589934592
+max_buffered_bytes: 17179869184
+stream_idle_timeout_seconds: 2.5
 per_head_metrics: yes
 rv_alert_threshold: 0.75
 default_variant: power_iter
@@ -69,6 +74,8 @@ default_variant: power_iter
   EXPECT_EQ(c->compute_workers, 5);
   EXPECT_EQ(c->max_inflight_requests, 9u);
   EXPECT_EQ(c->max_request_bytes, 8ull << 30);
+  EXPECT_EQ(BufferedBytesLimit(*c), 16ull << 30);
+  EXPECT_EQ(c->stream_idle_timeout_seconds, 2.5);
   EXPECT_TRUE(c->per_head_metrics);
   EXPECT_DOUBLE_EQ(c->rv_alert_threshold, 0.75);
   EXPECT_EQ(c->default_variant, "power_iter");
@@ -147,6 +154,9 @@ TEST(ConfigTest, BadValuesFailValidation) {
       {"compute_workers: -3", "compute_workers"},
       {"engine_threads: -1", "engine_threads"},
       {"max_request_bytes: 0", "max_request_bytes"},
+      {"max_buffered_bytes: 1000", "max_buffered_bytes"},
+      {"stream_idle_timeout_seconds: 0", "stream_idle_timeout_seconds"},
+      {"stream_idle_timeout_seconds: .inf", "stream_idle_timeout_seconds"},
       {"default_variant: magic", "default_variant"},
       {"cuda_device: -1", "cuda_device"},
       {"cuda_streams: 0", "cuda_streams"},
@@ -238,11 +248,127 @@ TEST(ConfigTest, RepositoryDefaultConfigParsesAndValidates) {
   EXPECT_EQ(c->compute_workers, d.compute_workers);
   EXPECT_EQ(c->max_inflight_requests, d.max_inflight_requests);
   EXPECT_EQ(c->max_request_bytes, d.max_request_bytes);
+  EXPECT_EQ(c->max_buffered_bytes, d.max_buffered_bytes);
+  EXPECT_EQ(c->stream_idle_timeout_seconds, d.stream_idle_timeout_seconds);
   EXPECT_EQ(c->per_head_metrics, d.per_head_metrics);
   EXPECT_EQ(c->rv_alert_threshold, d.rv_alert_threshold);
   EXPECT_EQ(c->default_variant, d.default_variant);
   EXPECT_FALSE(std::filesystem::path(c->data_dir).is_absolute())
       << "the default config must work for a non-root user: " << c->data_dir;
+}
+
+// ---- the command line --------------------------------------------------
+
+absl::StatusOr<CommandLine> Parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "rvd");
+  std::vector<const char*> argv;
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  return ParseCommandLine(argv.size(), argv.data());
+}
+
+TEST(CommandLineTest, EveryConfigKeyIsAFlagWithDashes) {
+  absl::StatusOr<CommandLine> cl = Parse(
+      {"--grpc-address", "127.0.0.1:7001", "--metrics-address=[::1]:7002",
+       "--backend", "cpu", "--data-dir", "/tmp/d", "--log-level", "debug",
+       "--history-capacity", "7", "--max-models", "3", "--engine-threads",
+       "4", "--compute-workers", "5", "--max-inflight-requests", "9",
+       "--max-request-bytes", "1000", "--max-buffered-bytes", "2000",
+       "--stream-idle-timeout-seconds", "1.5", "--per-head-metrics",
+       "--rv-alert-threshold", "0.5", "--default-variant", "sketch",
+       "--cuda-device", "1", "--cuda-streams", "2", "--cuda-max-device-bytes",
+       "134217728"});
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  EXPECT_FALSE(cl->exit_now);
+  const Config& c = cl->config;
+  EXPECT_EQ(c.grpc_address, "127.0.0.1:7001");
+  EXPECT_EQ(c.metrics_address, "[::1]:7002");
+  EXPECT_EQ(c.backend, "cpu");
+  EXPECT_EQ(c.data_dir, "/tmp/d");
+  EXPECT_EQ(c.log_level, "debug");
+  EXPECT_EQ(c.history_capacity, 7u);
+  EXPECT_EQ(c.max_models, 3u);
+  EXPECT_EQ(c.engine_threads, 4);
+  EXPECT_EQ(c.compute_workers, 5);
+  EXPECT_EQ(c.max_inflight_requests, 9u);
+  EXPECT_EQ(c.max_request_bytes, 1000u);
+  EXPECT_EQ(c.max_buffered_bytes, 2000u);
+  EXPECT_EQ(c.stream_idle_timeout_seconds, 1.5);
+  EXPECT_TRUE(c.per_head_metrics);
+  EXPECT_EQ(c.rv_alert_threshold, 0.5);
+  EXPECT_EQ(c.default_variant, "sketch");
+  EXPECT_EQ(c.cuda_device, 1);
+  EXPECT_EQ(c.cuda_streams, 2);
+  EXPECT_EQ(c.cuda_max_device_bytes, 128u << 20);
+}
+
+TEST(CommandLineTest, FlagsOverrideTheConfigFile) {
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() /
+      ("rvd_cmdline_test_" + std::to_string(::getpid()) + ".yaml");
+  {
+    std::ofstream out(path);
+    out << "backend: cpu\nhistory_capacity: 5\nper_head_metrics: true\n";
+  }
+  absl::StatusOr<CommandLine> cl =
+      Parse({"--config", path.string(), "--history-capacity", "6",
+             "--per-head-metrics=false", "--metrics-address", ""});
+  std::filesystem::remove(path);
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  EXPECT_EQ(cl->config.backend, "cpu");              // from the file
+  EXPECT_EQ(cl->config.history_capacity, 6u);        // the flag wins
+  EXPECT_FALSE(cl->config.per_head_metrics);         // --flag=false
+  EXPECT_EQ(cl->config.metrics_address, "");         // "" turns metrics off
+  EXPECT_EQ(cl->config.grpc_address, Config().grpc_address);  // untouched
+}
+
+TEST(CommandLineTest, BadValuesAreErrorsThatNameTheFlag) {
+  const std::pair<std::vector<std::string>, std::vector<const char*>> cases[] = {
+      {{"--log-level", "bogus"}, {"log_level", "bogus", "trace"}},
+      {{"--history-capacity", "many"}, {"--history-capacity", "many"}},
+      {{"--per-head-metrics=maybe"}, {"--per-head-metrics", "maybe"}},
+      {{"--grpc-address", "localhost"}, {"grpc_address", "HOST:PORT"}},
+      {{"--metrics-address", "[::1:9"}, {"metrics_address", "HOST:PORT"}},
+      {{"--no-such-flag"}, {"--no-such-flag"}},
+      {{"--config", "/nonexistent/rvd.yaml"}, {"/nonexistent/rvd.yaml"}},
+  };
+  for (const auto& [args, words] : cases) {
+    absl::StatusOr<CommandLine> cl = Parse(args);
+    ASSERT_FALSE(cl.ok()) << args[0];
+    for (const char* w : words) {
+      EXPECT_THAT(cl.status().message(), HasSubstr(w)) << args[0];
+    }
+  }
+}
+
+TEST(CommandLineTest, HelpListsEveryFlagAndSaysDataDirIsUnused) {
+  absl::StatusOr<CommandLine> cl = Parse({"--help"});
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  EXPECT_TRUE(cl->exit_now);
+  for (const char* flag :
+       {"--config", "--grpc-address", "--metrics-address", "--backend",
+        "--data-dir", "--log-level", "--history-capacity", "--max-models",
+        "--engine-threads", "--compute-workers", "--max-inflight-requests",
+        "--max-request-bytes", "--max-buffered-bytes",
+        "--stream-idle-timeout-seconds", "--per-head-metrics",
+        "--rv-alert-threshold", "--default-variant", "--cuda-device",
+        "--cuda-streams", "--cuda-max-device-bytes", "SIGHUP"}) {
+    EXPECT_THAT(cl->text, HasSubstr(flag));
+  }
+  EXPECT_THAT(cl->text, HasSubstr("NOT USED YET"));
+}
+
+TEST(HostPortTest, OneParserForEveryAddress) {
+  absl::StatusOr<HostPort> hp = ParseHostPort("x", "[::1]:9464");
+  ASSERT_TRUE(hp.ok()) << hp.status();
+  EXPECT_EQ(hp->host, "[::1]");
+  EXPECT_EQ(hp->port, 9464);
+  hp = ParseHostPort("x", "localhost:0");
+  ASSERT_TRUE(hp.ok());
+  EXPECT_EQ(hp->port, 0);
+  hp = ParseHostPort("flag --grpc-address", "localhost:65536");
+  ASSERT_FALSE(hp.ok());
+  EXPECT_THAT(hp.status().message(), HasSubstr("flag --grpc-address"));
+  EXPECT_THAT(hp.status().message(), HasSubstr("out of range"));
 }
 
 }  // namespace

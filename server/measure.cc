@@ -95,6 +95,28 @@ absl::StatusOr<uint64_t> ValidateHeader(const MeasureHeader& header,
   if (header.tensors().empty()) {
     return absl::InvalidArgumentError("request has no tensors");
   }
+  if (header.tensors_size() > kMaxTensors) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request has ", header.tensors_size(),
+                     " tensors; the limit is ", kMaxTensors, " per request"));
+  }
+  for (const auto* set : {&header.early_layers(), &header.late_layers()}) {
+    if (set->size() > kMaxTensors) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          set == &header.early_layers() ? "early" : "late", " layers: ",
+          set->size(), " given; the limit is ", kMaxTensors));
+    }
+  }
+  if (header.variant().probes() > kMaxProbes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("variant probes ", header.variant().probes(),
+                     " exceeds the limit of ", kMaxProbes));
+  }
+  if (header.variant().sketch_rank() > kMaxSketchRank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("variant sketch_rank ", header.variant().sketch_rank(),
+                     " exceeds the limit of ", kMaxSketchRank));
+  }
   const std::string& variant = header.variant().name();
   if (!variant.empty()) {
     const auto& known = KnownVariants();
@@ -105,8 +127,28 @@ absl::StatusOr<uint64_t> ValidateHeader(const MeasureHeader& header,
     }
   }
   uint64_t total = 0;
+  int64_t heads = 0;  // kv heads of the request
   std::set<uint32_t> layers;
   for (const TensorSpec& spec : header.tensors()) {
+    if (spec.name().size() > kMaxTensorNameBytes) {
+      // The name itself is not echoed: it is what is too long.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor name of layer ", spec.layer(), " has ", spec.name().size(),
+          " bytes; the limit is ", kMaxTensorNameBytes));
+    }
+    const rvd::v1::HeadGeometry& g = spec.geometry();
+    if (g.num_heads() > kMaxHeads || g.num_kv_heads() > kMaxHeads) {
+      return WithTensor(spec, absl::InvalidArgumentError(absl::StrCat(
+                                  "num_heads ", g.num_heads(), ", num_kv_heads ",
+                                  g.num_kv_heads(), ": the limit is ", kMaxHeads,
+                                  " each")));
+    }
+    heads += g.num_kv_heads();
+    if (heads > kMaxHeadsPerRequest) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request has more than ", kMaxHeadsPerRequest,
+          " kv heads over its tensors (the limit)"));
+    }
     absl::StatusOr<uint64_t> bytes = TensorByteSize(spec);
     if (!bytes.ok()) return bytes.status();
     if (!layers.insert(spec.layer()).second) {

@@ -13,21 +13,37 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/engine.h"
+#include "rvd/v1/limits.h"
 #include "rvd/v1/rvd.pb.h"
 
 namespace rvd {
 
-// Largest data payload of one MeasureChunk.
-inline constexpr uint64_t kMaxChunkBytes = 4ull << 20;
+using rvd::v1::kMaxChunkBytes;  // largest data payload of one MeasureChunk
+
+// What one request may ask for. Each bound is checked by ValidateHeader
+// before anything is allocated, and each error names its limit.
+inline constexpr int kMaxTensors = 4096;  // tensor specs (= layers) per request
+inline constexpr size_t kMaxTensorNameBytes = 1024;
+inline constexpr uint32_t kMaxHeads = 4096;  // num_heads, num_kv_heads per tensor
+// kv heads summed over a request's tensors: the per-head views rvd builds and
+// the per-head PRs it answers (per_head) are bounded by it.
+inline constexpr int64_t kMaxHeadsPerRequest = int64_t{1} << 18;
+inline constexpr uint32_t kMaxProbes = 4096;      // power_iter probes K
+inline constexpr uint32_t kMaxSketchRank = 4096;  // sketch rank r
+// Chunks without data a stream may send (they carry nothing, so a client
+// sending many is broken or hostile).
+inline constexpr int kMaxEmptyChunks = 16;
 
 // The byte size of a tensor as its spec declares it, after checking the
 // spec (2-D positive shape, known dtype and layout, no overflow).
 absl::StatusOr<uint64_t> TensorByteSize(const rvd::v1::TensorSpec& spec);
 
 // Everything about a header that can be checked before any bytes arrive:
-// model id syntax, at least one tensor, specs, distinct layers, early/late
-// layers among those sent, known variant, total bytes <= max_request_bytes
-// (RESOURCE_EXHAUSTED). Returns the total tensor bytes.
+// model id syntax, 1..kMaxTensors tensors, names of at most
+// kMaxTensorNameBytes, specs, head counts (kMaxHeads, kMaxHeadsPerRequest),
+// distinct layers, early/late layers among those sent, known variant,
+// probes and sketch rank (kMaxProbes, kMaxSketchRank), total bytes <=
+// max_request_bytes (RESOURCE_EXHAUSTED). Returns the total tensor bytes.
 absl::StatusOr<uint64_t> ValidateHeader(const rvd::v1::MeasureHeader& header,
                                         uint64_t max_request_bytes);
 

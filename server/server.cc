@@ -8,10 +8,12 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "rvd/v1/limits.h"
 #include "server/backend.h"
 #include "server/compute_pool.h"
 #include "server/history.h"
 #include "server/metrics.h"
+#include "server/metrics_http.h"
 #include "server/service.h"
 #include "spdlog/spdlog.h"
 
@@ -19,17 +21,12 @@ namespace rvd {
 namespace {
 
 constexpr char kServiceName[] = "rvd.v1.Rvd";
-// The header of a streamed chunk is small; a unary request may carry a few
-// MiB of tensors plus specs.
-constexpr int kMaxReceiveMessageBytes = 64 << 20;
-// In-flight requests get this long to finish on shutdown.
-constexpr auto kShutdownGrace = std::chrono::seconds(5);
 
 class ServerImpl final : public Server {
  public:
   ServerImpl(const Config& config, std::unique_ptr<Engine> engine)
       : engine_(std::move(engine)),
-        pool_(config.compute_workers),
+        pool_(config.compute_workers, config.max_inflight_requests),
         history_(config.history_capacity, config.max_models),
         metrics_(MetricsOptions{config.per_head_metrics,
                                 config.rv_alert_threshold, RVD_VERSION,
@@ -37,14 +34,16 @@ class ServerImpl final : public Server {
         service_(*engine_, pool_, history_, metrics_,
                  ServiceLimits{config.max_request_bytes,
                                config.max_inflight_requests,
-                               config.default_variant}) {}
+                               config.default_variant,
+                               BufferedBytesLimit(config),
+                               absl::Seconds(config.stream_idle_timeout_seconds)}) {}
 
   ~ServerImpl() override { Shutdown(); }
 
   absl::Status Listen(const Config& config) {
     if (!config.metrics_address.empty()) {
       absl::StatusOr<std::unique_ptr<prometheus::Exposer>> exposer =
-          StartExposer(config.metrics_address, metrics_.registry());
+          StartMetricsHttp(config.metrics_address, metrics_.registry());
       if (!exposer.ok()) return exposer.status();
       exposer_ = *std::move(exposer);
     }
@@ -54,7 +53,9 @@ class ServerImpl final : public Server {
     builder.AddListeningPort(config.grpc_address,
                              grpc::InsecureServerCredentials(), &port_);
     builder.RegisterService(&service_);
-    builder.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
+    // gRPC refuses a larger message (RESOURCE_EXHAUSTED) from its length
+    // prefix; tensors beyond one message go by MeasureStream.
+    builder.SetMaxReceiveMessageSize(rvd::v1::kMaxRequestMessageBytes);
     grpc_ = builder.BuildAndStart();
     if (grpc_ == nullptr || port_ == 0) {
       return absl::UnavailableError(
@@ -80,6 +81,15 @@ class ServerImpl final : public Server {
       }
       exposer_.reset();
     });
+  }
+
+  std::string DescribeState() const override {
+    const ComputePoolStats s = pool_.Stats();
+    return absl::StrCat("compute: ", s.running, " running, ", s.queued,
+                        " queued, ", s.waits_total, " served after ",
+                        s.wait_seconds_total, " s waiting in all, ",
+                        s.rejected_total, " refused; received bytes held: ",
+                        service_.buffered_bytes());
   }
 
   int grpc_port() const override { return port_; }
@@ -110,6 +120,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Config& config) {
   if (!engine.ok()) return engine.status();
   spdlog::info("{}; engine {}, default variant {}", why, (*engine)->Version(),
                (*engine)->DefaultVariant());
+  spdlog::info("data_dir {} is not used yet (reserved for the durable history)",
+               config.data_dir);
   auto server = std::make_unique<ServerImpl>(config, *std::move(engine));
   if (absl::Status s = server->Listen(config); !s.ok()) return s;
   spdlog::info("rvd {} serving gRPC on {} (port {}), metrics on {}",

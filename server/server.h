@@ -9,6 +9,7 @@
 #ifndef RVD_SERVER_SERVER_H_
 #define RVD_SERVER_SERVER_H_
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -25,9 +26,18 @@ class Server {
   // (never exits) on a bad address, a port in use, or an unavailable backend.
   static absl::StatusOr<std::unique_ptr<Server>> Start(const Config& config);
 
-  // Stops accepting new requests, lets in-flight ones finish (up to a few
-  // seconds), ends watch streams, and stops every thread. Idempotent.
+  // How long in-flight requests get to finish once Shutdown is called.
+  static constexpr std::chrono::seconds kShutdownGrace{5};
+
+  // Stops accepting new requests, lets in-flight ones finish for up to
+  // kShutdownGrace, then cancels them (a request waiting for a worker
+  // leaves at once; one inside the engine finishes its call, which this
+  // waits for: main exits without waiting past the grace), ends watch
+  // streams, and stops every thread. Idempotent.
   virtual void Shutdown() = 0;
+
+  // One line for the log (SIGUSR1): the compute queue, buffered bytes.
+  virtual std::string DescribeState() const = 0;
 
   // The bound gRPC port (useful when the config asked for port 0).
   virtual int grpc_port() const = 0;

@@ -1,13 +1,16 @@
 #include "server/service.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
+#include <new>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "server/log_text.h"
 #include "server/measure.h"
 #include "spdlog/spdlog.h"
 
@@ -25,7 +28,9 @@ grpc::Status ToGrpc(const absl::Status& s) {
                       std::string(s.message()));
 }
 
-// Holds one of the max_inflight_requests slots for its lifetime.
+// Holds one of the max_inflight_requests slots for its lifetime: a slot is
+// held from the end of receiving to the end of computing (queued for a
+// worker or on one), never while bytes are still arriving.
 class InflightSlot {
  public:
   InflightSlot(std::atomic<int64_t>& counter, int64_t limit, Metrics& metrics)
@@ -44,11 +49,30 @@ class InflightSlot {
 
 // Receive buffers kept mapped between requests.
 constexpr uint64_t kMaxIdleBufferBytes = 1ull << 30;
+// A stream's buffer starts at one chunk and doubles as bytes arrive, so
+// memory follows the bytes received, never the header's claim.
+constexpr uint64_t kFirstStreamBuffer = kMaxChunkBytes;
 
 absl::Status Busy(uint32_t limit) {
   return absl::ResourceExhaustedError(absl::StrCat(
-      "rvd is computing ", limit,
-      " measurements already (max_inflight_requests); retry later"));
+      "rvd has ", limit,
+      " measurements computing or queued already (max_inflight_requests); "
+      "retry later"));
+}
+
+absl::Status OverBudget(uint64_t limit, uint64_t want) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "rvd holds too many received bytes to take ", want,
+      " more (max_buffered_bytes ", limit, ", all requests); retry later"));
+}
+
+// The client's deadline, or none.
+absl::Time Deadline(const grpc::ServerContext* context) {
+  const std::chrono::system_clock::time_point d = context->deadline();
+  if (d == std::chrono::system_clock::time_point::max()) {
+    return absl::InfiniteFuture();
+  }
+  return absl::FromChrono(d);
 }
 
 }  // namespace
@@ -62,7 +86,9 @@ RvdService::RvdService(Engine& engine, ComputePool& pool, History& history,
       limits_(limits),
       buffers_(std::min<uint64_t>(limits.max_request_bytes, kMaxIdleBufferBytes),
                HostAllocator{[&engine](uint64_t n) { return engine.AllocateHostBuffer(n); },
-                             [&engine](void* p) { engine.FreeHostBuffer(p); }}) {}
+                             [&engine](void* p) { engine.FreeHostBuffer(p); }}),
+      buffered_(limits.max_buffered_bytes),
+      watchdog_(limits.stream_idle_timeout) {}
 
 void RvdService::StopWatches() {
   stopping_ = true;
@@ -72,19 +98,45 @@ void RvdService::StopWatches() {
 grpc::Status RvdService::Finish(const absl::Status& status) {
   if (!status.ok()) {
     metrics_.RecordError(absl::StatusCodeToString(status.code()));
-    spdlog::warn("request failed: {}", status.ToString());
+    spdlog::warn("request failed: {}", LogEscape(status.ToString()));
   }
   return ToGrpc(status);
 }
 
-absl::Status RvdService::Run(const MeasureHeader& header,
+absl::Status RvdService::Run(grpc::ServerContext* context,
+                             const MeasureHeader& header,
                              const std::vector<std::string_view>& data,
                              Measurement* response) {
-  absl::StatusOr<Measurement> m;
-  pool_.Run([&] {
-    m = ComputeMeasurement(engine_, header, data, limits_.default_variant);
-  });
+  InflightSlot slot(inflight_, limits_.max_inflight_requests, metrics_);
+  if (!slot.acquired()) return Busy(limits_.max_inflight_requests);
+  const absl::Time deadline = Deadline(context);
+  // IsCancelled is also true once the deadline has passed.
+  auto gone = [context] { return context->IsCancelled(); };
+  absl::StatusOr<Measurement> m = absl::InternalError("not computed");
+  absl::Status queued = pool_.Run(
+      [&] {
+        // The client may have left between the queue and the worker.
+        if (gone()) {
+          m = absl::CancelledError("the client went away before computing");
+          return;
+        }
+        try {
+          m = ComputeMeasurement(engine_, header, data, limits_.default_variant);
+        } catch (const std::bad_alloc&) {
+          m = absl::ResourceExhaustedError(
+              "out of memory while computing the measurement");
+        }
+      },
+      deadline, gone);
+  if (!queued.ok()) return queued;
   if (!m.ok()) return m.status();
+  // A result nobody waits for is not recorded: the client may retry, and
+  // history must not hold a measurement the client was told failed.
+  if (gone()) {
+    return absl::CancelledError(
+        "the client cancelled or its deadline passed during the computation; "
+        "the result was not recorded");
+  }
   m->set_receive_ms(response->receive_ms());
   if (absl::Status s = history_.Add(*m); !s.ok()) return s;
   metrics_.RecordMeasurement(*m);
@@ -100,37 +152,137 @@ absl::Status RvdService::Run(const MeasureHeader& header,
   spdlog::info(
       "measured model={} step={} rv={} layers={} variant={} backend={} "
       "engine={} receive_ms={:.3f} elapsed_ms={:.3f} served_total={}",
-      m->model_id(), m->step(), m->has_rv() ? absl::StrCat(m->rv()) : "absent",
-      m->layers_size(), m->variant(), m->backend(), m->engine_version(),
+      LogEscape(m->model_id()), m->step(),
+      m->has_rv() ? absl::StrCat(m->rv()) : "absent", m->layers_size(),
+      LogEscape(m->variant()), m->backend(), m->engine_version(),
       m->receive_ms(), m->elapsed_ms(), served_text);
   *response = *std::move(m);
   return absl::OkStatus();
 }
 
-grpc::Status RvdService::Measure(grpc::ServerContext*,
+grpc::Status RvdService::Measure(grpc::ServerContext* context,
                                  const rvd::v1::MeasureRequest* request,
                                  Measurement* response) {
-  InflightSlot slot(inflight_, limits_.max_inflight_requests, metrics_);
-  if (!slot.acquired()) return Finish(Busy(limits_.max_inflight_requests));
   absl::StatusOr<uint64_t> total =
       ValidateHeader(request->header(), limits_.max_request_bytes);
   if (!total.ok()) return Finish(total.status());
+  // gRPC holds the bytes already (at most kMaxRequestMessageBytes); they
+  // count against the budget while this request lives.
+  ByteBudget::Reservation reservation(buffered_);
+  if (!reservation.Take(request->ByteSizeLong())) {
+    return Finish(OverBudget(buffered_.limit(), request->ByteSizeLong()));
+  }
   metrics_.AddIngestedBytes(*total);
   std::vector<std::string_view> data(request->data().begin(),
                                      request->data().end());
-  return Finish(Run(request->header(), data, response));
+  return Finish(Run(context, request->header(), data, response));
+}
+
+absl::Status RvdService::ReceiveStream(
+    grpc::ServerContext* context, grpc::ServerReader<MeasureChunk>* reader,
+    const MeasureHeader& header, const std::vector<uint64_t>& begin,
+    StreamWatchdog::Watch& watch, ByteBudget::Reservation& reservation,
+    std::unique_ptr<BufferPool::Buffer>* buffer) {
+  const int n = header.tensors_size();
+  uint64_t capacity = 0;  // bytes of *buffer, all reserved
+  uint64_t received = 0;  // bytes so far, tensor after tensor
+  int empty_chunks = 0;
+  MeasureChunk chunk;
+  while (reader->Read(&chunk)) {
+    watch.Touch();
+    if (chunk.has_header()) {
+      return absl::InvalidArgumentError("header sent twice");
+    }
+    const uint64_t size = chunk.data().size();
+    if (size > kMaxChunkBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk of ", size, " bytes exceeds ", kMaxChunkBytes));
+    }
+    if (size == 0) {
+      if (++empty_chunks > kMaxEmptyChunks) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "stream sent more than ", kMaxEmptyChunks,
+            " chunks without data (the limit)"));
+      }
+      continue;  // carries nothing; *buffer may not exist yet
+    }
+    if (received == begin[n]) {
+      return absl::InvalidArgumentError(
+          "stream carries more bytes than the header's tensors");
+    }
+    const int current = std::upper_bound(begin.begin(), begin.end(), received) -
+                        begin.begin() - 1;
+    const std::string& name = header.tensors(current).name();
+    const uint64_t offset = received - begin[current];
+    if (chunk.tensor_index() != static_cast<uint32_t>(current) ||
+        chunk.offset() != offset) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "out-of-order chunk: expected tensor ", current, " ('", name,
+          "') at offset ", offset, ", got tensor ", chunk.tensor_index(),
+          " at offset ", chunk.offset()));
+    }
+    if (received + size > begin[current + 1]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "': chunk overruns its ",
+                       begin[current + 1] - begin[current], " bytes"));
+    }
+    if (received + size > capacity) {
+      // Double (at least), capped by the header's total: the copies add up
+      // to less than the bytes received. The budget counts the buffer's
+      // capacity (the smaller buffer, held during the copy, is not counted
+      // again, so that a request of the whole budget can be received).
+      const uint64_t grown = std::min(
+          begin[n], std::max({received + size, 2 * capacity, kFirstStreamBuffer}));
+      if (!reservation.Take(grown - capacity)) {
+        return OverBudget(buffered_.limit(), grown - capacity);
+      }
+      absl::StatusOr<BufferPool::Buffer> next = buffers_.Get(grown);
+      if (!next.ok()) return next.status();  // the reservation gives back
+      auto bigger = std::make_unique<BufferPool::Buffer>(*std::move(next));
+      if (received > 0) std::memcpy(bigger->data(), (*buffer)->data(), received);
+      *buffer = std::move(bigger);  // the smaller one goes back to the pool
+      capacity = grown;
+    }
+    std::memcpy((*buffer)->data() + received, chunk.data().data(), size);
+    received += size;
+  }
+  if (watch.timed_out()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "stream sent nothing for ",
+        absl::FormatDuration(watchdog_.idle_timeout()),
+        " (stream_idle_timeout_seconds): cancelled"));
+  }
+  if (context->IsCancelled()) {
+    return absl::CancelledError("client cancelled the stream");
+  }
+  if (received != begin[n]) {
+    const int current = std::upper_bound(begin.begin(), begin.end(), received) -
+                        begin.begin() - 1;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stream ended early: tensor '", header.tensors(current).name(),
+        "' has ", received - begin[current], " of ",
+        begin[current + 1] - begin[current], " bytes"));
+  }
+  return absl::OkStatus();
 }
 
 grpc::Status RvdService::MeasureStream(grpc::ServerContext* context,
                                        grpc::ServerReader<MeasureChunk>* reader,
                                        Measurement* response) {
-  InflightSlot slot(inflight_, limits_.max_inflight_requests, metrics_);
-  if (!slot.acquired()) return Finish(Busy(limits_.max_inflight_requests));
-
+  // Receiving holds no in-flight slot: it is bounded by the byte budget and
+  // the idle timeout; only the compute phase (Run) takes a slot.
+  StreamWatchdog::Watch watch(watchdog_, [context] { context->TryCancel(); });
   MeasureChunk chunk;
   if (!reader->Read(&chunk)) {
+    if (watch.timed_out()) {
+      return Finish(absl::DeadlineExceededError(absl::StrCat(
+          "stream sent no header for ",
+          absl::FormatDuration(watchdog_.idle_timeout()),
+          " (stream_idle_timeout_seconds): cancelled")));
+    }
     return Finish(absl::InvalidArgumentError("empty stream: no header"));
   }
+  watch.Touch();
   if (!chunk.has_header() || !chunk.data().empty()) {
     return Finish(absl::InvalidArgumentError(
         "the first message of a stream must carry the header and no data"));
@@ -140,68 +292,28 @@ grpc::Status RvdService::MeasureStream(grpc::ServerContext* context,
       ValidateHeader(header, limits_.max_request_bytes);
   if (!total.ok()) return Finish(total.status());
 
-  // One buffer for all tensors, sized from the validated header, so a
-  // stream can never make rvd hold more than max_request_bytes.
+  // Tensor i is [begin[i], begin[i+1]) of one buffer; sizes were checked.
   const int n = header.tensors_size();
-  std::vector<uint64_t> begin(n + 1, 0);  // tensor i is [begin[i], begin[i+1])
+  std::vector<uint64_t> begin(n + 1, 0);
   for (int i = 0; i < n; ++i) {
     begin[i + 1] = begin[i] + *TensorByteSize(header.tensors(i));
   }
-  BufferPool::Buffer buffer = buffers_.Get(begin[n]);
   const absl::Time receive_start = absl::Now();
-  uint64_t received = 0;  // bytes so far, tensor after tensor
-  while (reader->Read(&chunk)) {
-    if (chunk.has_header()) {
-      return Finish(absl::InvalidArgumentError("header sent twice"));
-    }
-    if (chunk.data().size() > kMaxChunkBytes) {
-      return Finish(absl::InvalidArgumentError(
-          absl::StrCat("chunk of ", chunk.data().size(), " bytes exceeds ",
-                       kMaxChunkBytes)));
-    }
-    if (received == begin[n]) {
-      return Finish(absl::InvalidArgumentError(
-          "stream carries more bytes than the header's tensors"));
-    }
-    const int current = std::upper_bound(begin.begin(), begin.end(), received) -
-                        begin.begin() - 1;
-    const std::string& name = header.tensors(current).name();
-    const uint64_t offset = received - begin[current];
-    if (chunk.tensor_index() != static_cast<uint32_t>(current) ||
-        chunk.offset() != offset) {
-      return Finish(absl::InvalidArgumentError(
-          absl::StrCat("out-of-order chunk: expected tensor ", current, " ('",
-                       name, "') at offset ", offset, ", got tensor ",
-                       chunk.tensor_index(), " at offset ", chunk.offset())));
-    }
-    if (received + chunk.data().size() > begin[current + 1]) {
-      return Finish(absl::InvalidArgumentError(
-          absl::StrCat("tensor '", name, "': chunk overruns its ",
-                       begin[current + 1] - begin[current], " bytes")));
-    }
-    std::memcpy(buffer.data() + received, chunk.data().data(),
-                chunk.data().size());
-    received += chunk.data().size();
-  }
-  if (context->IsCancelled()) {
-    return Finish(absl::CancelledError("client cancelled the stream"));
-  }
-  if (received != begin[n]) {
-    const int current = std::upper_bound(begin.begin(), begin.end(), received) -
-                        begin.begin() - 1;
-    return Finish(absl::InvalidArgumentError(absl::StrCat(
-        "stream ended early: tensor '", header.tensors(current).name(),
-        "' has ", received - begin[current], " of ",
-        begin[current + 1] - begin[current], " bytes")));
+  ByteBudget::Reservation reservation(buffered_);
+  std::unique_ptr<BufferPool::Buffer> buffer;
+  if (absl::Status s = ReceiveStream(context, reader, header, begin, watch,
+                                     reservation, &buffer);
+      !s.ok()) {
+    return Finish(s);
   }
   response->set_receive_ms(
       absl::ToDoubleMilliseconds(absl::Now() - receive_start));
   metrics_.AddIngestedBytes(*total);
   std::vector<std::string_view> data;
   for (int i = 0; i < n; ++i) {
-    data.emplace_back(buffer.data() + begin[i], begin[i + 1] - begin[i]);
+    data.emplace_back(buffer->data() + begin[i], begin[i + 1] - begin[i]);
   }
-  return Finish(Run(header, data, response));
+  return Finish(Run(context, header, data, response));
 }
 
 grpc::Status RvdService::GetLatest(grpc::ServerContext*,

@@ -6,6 +6,7 @@
 #define RVD_SERVER_SERVICE_H_
 
 #include <atomic>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,13 +16,17 @@
 #include "server/compute_pool.h"
 #include "server/history.h"
 #include "server/metrics.h"
+#include "server/stream_watchdog.h"
 
 namespace rvd {
 
 struct ServiceLimits {
   uint64_t max_request_bytes = 4ull << 30;  // tensor bytes per request
-  uint32_t max_inflight_requests = 16;      // measurements at once
-  std::string default_variant;              // empty: the engine's default
+  // Measurements in the compute phase (computing, or queued for a worker).
+  uint32_t max_inflight_requests = 256;
+  std::string default_variant;               // empty: the engine's default
+  uint64_t max_buffered_bytes = 4ull << 30;  // received bytes, all requests
+  absl::Duration stream_idle_timeout = absl::Seconds(30);
 };
 
 class RvdService final : public rvd::v1::Rvd::Service {
@@ -31,6 +36,9 @@ class RvdService final : public rvd::v1::Rvd::Service {
 
   // Makes WatchMeasurements streams return; called before shutdown.
   void StopWatches();
+
+  // Received tensor bytes held now, all requests together.
+  uint64_t buffered_bytes() const { return buffered_.used(); }
 
   grpc::Status Measure(grpc::ServerContext* context,
                        const rvd::v1::MeasureRequest* request,
@@ -52,10 +60,24 @@ class RvdService final : public rvd::v1::Rvd::Service {
       grpc::ServerWriter<rvd::v1::Measurement>* writer) override;
 
  private:
-  // Computes, stores and publishes one measurement from validated input.
-  absl::Status Run(const rvd::v1::MeasureHeader& header,
+  // The compute phase of one measurement from validated input: takes an
+  // in-flight slot, waits for a compute worker (until the client's deadline
+  // or cancellation), computes, then stores and publishes the result unless
+  // the client has gone meanwhile. A request that is refused, expires or is
+  // cancelled computes and records nothing.
+  absl::Status Run(grpc::ServerContext* context,
+                   const rvd::v1::MeasureHeader& header,
                    const std::vector<std::string_view>& data,
                    rvd::v1::Measurement* response);
+  // Receives a stream's tensors after its header into `buffer`, which grows
+  // as bytes arrive within `reservation` (the global byte budget).
+  absl::Status ReceiveStream(grpc::ServerContext* context,
+                             grpc::ServerReader<rvd::v1::MeasureChunk>* reader,
+                             const rvd::v1::MeasureHeader& header,
+                             const std::vector<uint64_t>& begin,
+                             StreamWatchdog::Watch& watch,
+                             ByteBudget::Reservation& reservation,
+                             std::unique_ptr<BufferPool::Buffer>* buffer);
   // Counts the error in /metrics and converts it for gRPC.
   grpc::Status Finish(const absl::Status& status);
 
@@ -65,7 +87,9 @@ class RvdService final : public rvd::v1::Rvd::Service {
   Metrics& metrics_;
   const ServiceLimits limits_;
   BufferPool buffers_;                // receive buffers of streams
-  std::atomic<int64_t> inflight_{0};  // measurements being received or computed
+  ByteBudget buffered_;               // received bytes held, all requests
+  StreamWatchdog watchdog_;           // cancels idle streams
+  std::atomic<int64_t> inflight_{0};  // measurements in the compute phase
   std::atomic<bool> stopping_{false};  // set by StopWatches
 };
 

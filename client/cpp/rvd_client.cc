@@ -5,11 +5,12 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "rvd/v1/limits.h"
 
 namespace rvd {
 namespace {
 
-constexpr uint64_t kChunkBytes = 4ull << 20;  // the protocol's maximum
+using rvd::v1::kMaxChunkBytes;  // every chunk but a tensor's last is this big
 
 absl::Status FromGrpc(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
@@ -51,7 +52,8 @@ std::vector<rvd::v1::TensorSpec> TensorSpecs(const LoadedModel& model) {
 
 RvdClient::RvdClient(const std::string& address) {
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxReceiveMessageSize(rvd::v1::kMaxReplyMessageBytes);
+  args.SetMaxSendMessageSize(rvd::v1::kMaxRequestMessageBytes);
   stub_ = rvd::v1::Rvd::NewStub(grpc::CreateCustomChannel(
       address, grpc::InsecureChannelCredentials(), args));
 }
@@ -72,8 +74,8 @@ absl::StatusOr<rvd::v1::Measurement> RvdClient::Measure(
   uint64_t sent = 0;
   for (size_t i = 0; open && i < model.tensors.size(); ++i) {
     const ModelTensor& t = model.tensors[i];
-    for (uint64_t offset = 0; open && offset < t.bytes; offset += kChunkBytes) {
-      const uint64_t n = std::min<uint64_t>(kChunkBytes, t.bytes - offset);
+    for (uint64_t offset = 0; open && offset < t.bytes; offset += kMaxChunkBytes) {
+      const uint64_t n = std::min<uint64_t>(kMaxChunkBytes, t.bytes - offset);
       chunk.set_tensor_index(i);
       chunk.set_offset(offset);
       chunk.set_data(t.data + offset, n);
