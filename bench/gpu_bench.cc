@@ -60,6 +60,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/cuda_engine.h"
+#include "kernels/cuda/fused_plan.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch_policy.h"
 #include "kernels/dtype_convert.h"
@@ -140,6 +141,18 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// An event recorded now on `stream`: what a device call waits for (one
+// event, re-recorded for each call).
+cudaEvent_t Ready(cudaStream_t stream) {
+  static cudaEvent_t ready = [] {
+    cudaEvent_t e = nullptr;
+    cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    return e;
+  }();
+  cudaEventRecord(ready, stream);
+  return ready;
+}
+
 double Now() {
   return std::chrono::duration<double>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -216,7 +229,18 @@ struct FusedPrepared {
   FusedV4Plan plan, whole_plan;
   float* partials = nullptr;
   int32_t* tickets = nullptr;
-  ~FusedPrepared() { cudaFree(dev); }
+  // The engine's own plan of the case (fused_plan.h), which RunPrepared
+  // launches: what the product runs, planned by the same code. Set when the
+  // kernel was not forced; pr and st then point at its results.
+  bool product = false;
+  FusedCall call;
+  void* call_dev = nullptr;  // descriptors, then work, then tickets
+  void* call_work = nullptr;
+  int32_t* call_tickets = nullptr;
+  ~FusedPrepared() {
+    cudaFree(dev);
+    cudaFree(call_dev);
+  }
 
   FusedV4Launch V4Launch(bool whole = false) const {
     return FusedV4Launch{maps, desc, jobs2, whole ? whole_plan : plan, partials, tickets,
@@ -310,6 +334,27 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
     }
     BENCH_CHECK(cudaMemcpy(f->maps, maps.data(), maps.size(), cudaMemcpyHostToDevice));
   }
+  if (!forced) {
+    const DeviceInfo info{prop.major, prop.minor, prop.multiProcessorCount};
+    if (absl::Status st = PlanFusedCall(views, info, &f->call); !st.ok()) {
+      std::fprintf(stderr, "PlanFusedCall: %s\n", std::string(st.message()).c_str());
+      return 1;
+    }
+    const size_t up = al(f->call.upload.size()), work = al(f->call.work_bytes);
+    const size_t tickets = f->call.needs_tickets ? al(kFusedV4TicketInts * 4) : 0;
+    BENCH_CHECK(cudaMalloc(&f->call_dev, up + work + tickets));
+    auto* q = static_cast<uint8_t*>(f->call_dev);
+    BENCH_CHECK(cudaMemcpy(q, f->call.upload.data(), f->call.upload.size(),
+                           cudaMemcpyHostToDevice));
+    f->call_work = q + up;
+    if (tickets > 0) {
+      f->call_tickets = reinterpret_cast<int32_t*>(q + up + work);
+      BENCH_CHECK(cudaMemset(f->call_tickets, 0, tickets));
+    }
+    f->pr = reinterpret_cast<double*>(static_cast<uint8_t*>(f->call_work) + f->call.o_pr);
+    f->st = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(f->call_work) + f->call.o_st);
+    f->product = true;
+  }
   return 0;
 }
 
@@ -322,6 +367,9 @@ cudaError_t FinalizeUnlessFinished(const FusedPrepared& f, cudaError_t e, cudaSt
 
 // `whole`: v4 with no job cut (FusedPrepared::whole_plan).
 cudaError_t RunPrepared(const FusedPrepared& f, cudaStream_t s, bool whole = false) {
+  if (f.product && !whole) {
+    return LaunchFusedCall(f.call, FusedLaunchers{}, f.call_dev, f.call_work, f.call_tickets, s);
+  }
   cudaError_t e = cudaErrorInvalidValue;
   switch (f.kernel) {
     case FusedKernel::kV1Tall:
@@ -948,7 +996,7 @@ int Main(int argc, char** argv) {
       for (size_t i = 0; i < nval; ++i) ref[i] = in->ref[i % in->distinct];
       VariantSpec v;
       v.name = name;
-      absl::Status s = engine.ComputePRDevice(views, v, absl::MakeSpan(got), stream);
+      absl::Status s = engine.ComputePRDevice(views, v, absl::MakeSpan(got), Ready(stream));
       CheckResult r = s.ok() ? CheckPR(got, ref, kExactPrTolerance) : CheckResult{1, 1, ""};
       const bool ok = s.ok() && r.mismatches == 0;
       all_ok &= ok;
@@ -1021,7 +1069,7 @@ int Main(int argc, char** argv) {
         std::vector<double> got(c.batch);
         const double plan0 = engine.PhaseSeconds()["plan"];
         const double t0 = Now();
-        absl::Status s = engine.ComputePRDevice(in.sets[r % 3], v, absl::MakeSpan(got), stream);
+        absl::Status s = engine.ComputePRDevice(in.sets[r % 3], v, absl::MakeSpan(got), Ready(stream));
         const double t1 = Now();
         if (!s.ok()) {
           std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
@@ -1083,7 +1131,7 @@ int Main(int argc, char** argv) {
                 k["isolated_ms"].get<double>());
   }
   std::printf("(plans reused: %lld matrices)\n",
-              static_cast<long long>(engine.ServedCounts()["fused_plan_reused"]));
+              static_cast<long long>(engine.Stats().events["fused_plan_reused"]));
   out["calls"] = calls;
   std::printf("targets met: %d of %d in isolated calls, %d of %d at steady load\n", met,
               targets, met_steady, targets);
@@ -1120,7 +1168,7 @@ int Main(int argc, char** argv) {
         set = r % 3;
         const std::vector<MatrixView> views(in.sets[set].begin(), in.sets[set].begin() + n);
         const double t0 = Now();
-        const absl::Status st = engine.ComputePRDevice(views, v, absl::MakeSpan(got), stream);
+        const absl::Status st = engine.ComputePRDevice(views, v, absl::MakeSpan(got), Ready(stream));
         const double t1 = Now();
         if (!st.ok()) {
           std::fprintf(stderr, "%s: %s\n", l.name, std::string(st.message()).c_str());

@@ -60,6 +60,32 @@ struct VariantSpec {
 const std::vector<std::string>& KnownVariants();
 bool IsExactVariant(const std::string& name);
 
+// A snapshot of an engine's counters (Engine::Stats). Counters are
+// cumulative since the engine was created; the rest is the state now.
+struct EngineStats {
+  // Matrices served per kernel path ("variant/kernel"): each matrix counted
+  // once, by the kernel that served it (rvd_engine_matrices_total).
+  std::map<std::string, int64_t> served;
+  // Events that are not a kernel serving a matrix, e.g. "plan_reused",
+  // "oracle_fallback" (rvd_engine_events_total).
+  std::map<std::string, int64_t> events;
+  // Seconds per phase of ComputePR (rvd_engine_seconds_total).
+  std::map<std::string, double> phase_seconds;
+  // Failed device calls by error name, e.g. "cudaErrorMemoryAllocation"
+  // (rvd_engine_errors_total).
+  std::map<std::string, int64_t> device_errors;
+  // Each kernel technique's tuning knobs, e.g. "tma-wgmma-square" ->
+  // "fused-v4-tma-wgmma-bt128s6c8w16d3p8" (for the log and rvd_kernel_info:
+  // a retune changes these, never the technique names the counts use).
+  std::map<std::string, std::string> kernel_policies;
+  uint64_t device_bytes_held = 0;  // device memory in the engine's pools now
+  uint64_t pinned_bytes_held = 0;  // page-locked host memory held now
+  // False once the device is lost (a sticky CUDA error): every later call
+  // fails until the engine is recreated. `unhealthy_reason` says why.
+  bool healthy = true;
+  std::string unhealthy_reason;
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -94,6 +120,16 @@ class Engine {
   // Backends without phases return none.
   virtual std::map<std::string, double> PhaseSeconds() const { return {}; }
 
+  // Everything an operator needs to see of the engine, read at scrape time
+  // (server/metrics.cc's collector). The default builds it from
+  // ServedCounts and PhaseSeconds; backends with more to say override it.
+  virtual EngineStats Stats() const {
+    EngineStats s;
+    s.served = ServedCounts();
+    s.phase_seconds = PhaseSeconds();
+    return s;
+  }
+
   // Host memory this engine copies from fastest, for the daemon's pooled
   // receive buffers (CUDA: page-locked); nullptr when it has none or the
   // allocation fails (ordinary memory serves then). Release with
@@ -106,18 +142,16 @@ class Engine {
 std::unique_ptr<Engine> NewCpuEngine(int threads);
 
 // Settings of the CUDA engine, which lives in a module (librvd_cuda.so)
-// that rvd loads at run time; see server/backend.h.
+// that rvd loads at run time (kernels/cuda_module.h, server/backend.h).
 struct CudaEngineOptions {
   int device = 0;                        // CUDA device ordinal
   int streams = 4;                       // stream pool size (low priority)
   uint64_t max_device_bytes = 4ull << 30;  // cap on device memory rvd holds
+  // Most SMs rvd's persistent kernels (fused v4) occupy, so that a trainer
+  // on the same GPU keeps the rest; 0: every SM. Other kernels launch a
+  // block per job and share the GPU through its block scheduler.
+  int max_sms = 0;
 };
-
-// The symbol the CUDA module exports, and its signature. Returns nullptr
-// and says why in *error when no device is usable.
-inline constexpr char kCudaEngineSymbol[] = "rvd_create_cuda_engine";
-using CreateCudaEngineFn = Engine* (*)(const CudaEngineOptions& options,
-                                       std::string* error);
 
 // The float64 SVD reference: PR from the singular values of the matrix
 // converted to double, with LAPACK's dgesdd. Slow; for tests and benchmarks.

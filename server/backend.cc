@@ -3,10 +3,12 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda_module.h"
 
 namespace rvd {
 namespace {
@@ -14,14 +16,91 @@ namespace {
 // Directories searched for librvd_cuda.so: the binary's own and ../lib.
 std::vector<std::filesystem::path> ModuleDirs() {
   std::error_code ec;
-  std::filesystem::path exe =
-      std::filesystem::read_symlink("/proc/self/exe", ec);
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) return {};
   return {exe.parent_path(), exe.parent_path().parent_path() / "lib"};
 }
 
-absl::StatusOr<std::unique_ptr<Engine>> LoadCudaEngine(
-    const CudaEngineOptions& options) {
+absl::Status FromModule(const rvd_status& s) {
+  return absl::Status(static_cast<absl::StatusCode>(s.code), s.message);
+}
+
+// rvd::Engine over the module's C table (kernels/cuda_module.h).
+class ModuleEngine : public Engine {
+ public:
+  ModuleEngine(const rvd_cuda_module* module, rvd_cuda_engine* engine)
+      : module_(module), engine_(engine), version_(module->version(engine)) {}
+  ~ModuleEngine() override { module_->destroy(engine_); }
+
+  std::string Backend() const override { return "cuda"; }
+  std::string Version() const override { return version_; }
+  std::string DefaultVariant() const override { return "fused"; }
+
+  absl::Status ComputePR(absl::Span<const MatrixView> batch, const VariantSpec& variant,
+                         absl::Span<double> out) override {
+    if (out.size() != batch.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("out has ", out.size(), " slots for a batch of ", batch.size()));
+    }
+    std::vector<rvd_matrix> m(batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const MatrixView& v = batch[i];
+      m[i] = rvd_matrix{v.data, v.rows, v.cols, v.ld, static_cast<int32_t>(v.dtype),
+                        RVD_MEMORY_HOST};
+    }
+    const rvd_variant spec{variant.name.c_str(), variant.probes, variant.sketch_rank,
+                           variant.seed, variant.hutch_plus_plus ? 1 : 0};
+    rvd_status status{};
+    module_->compute(engine_, m.data(), m.size(), &spec, out.data(), nullptr, &status);
+    return FromModule(status);
+  }
+
+  std::map<std::string, int64_t> ServedCounts() const override { return Stats().served; }
+  std::map<std::string, double> PhaseSeconds() const override { return Stats().phase_seconds; }
+
+  EngineStats Stats() const override {
+    EngineStats s;
+    module_->stats(engine_, &Sink, &s);
+    if (const char* lost = module_->lost(engine_); lost != nullptr) {
+      s.healthy = false;
+      s.unhealthy_reason = lost;
+    }
+    return s;
+  }
+
+  void* AllocateHostBuffer(uint64_t bytes) override {
+    return module_->alloc_host(engine_, bytes);
+  }
+  void FreeHostBuffer(void* p) override { module_->free_host(engine_, p); }
+
+ private:
+  static void Sink(void* ctx, const char* kind, const char* key, double value) {
+    auto* s = static_cast<EngineStats*>(ctx);
+    const std::string k = key;
+    if (std::strcmp(kind, "served") == 0) {
+      s->served[k] = static_cast<int64_t>(value);
+    } else if (std::strcmp(kind, "event") == 0) {
+      s->events[k] = static_cast<int64_t>(value);
+    } else if (std::strcmp(kind, "phase_seconds") == 0) {
+      s->phase_seconds[k] = value;
+    } else if (std::strcmp(kind, "device_error") == 0) {
+      s->device_errors[k] = static_cast<int64_t>(value);
+    } else if (std::strcmp(kind, "policy") == 0) {
+      const size_t eq = k.find('=');
+      if (eq != std::string::npos) s->kernel_policies[k.substr(0, eq)] = k.substr(eq + 1);
+    } else if (std::strcmp(kind, "device_bytes") == 0) {
+      s->device_bytes_held = static_cast<uint64_t>(value);
+    } else if (std::strcmp(kind, "pinned_bytes") == 0) {
+      s->pinned_bytes_held = static_cast<uint64_t>(value);
+    }  // kinds a newer module adds are ignored
+  }
+
+  const rvd_cuda_module* const module_;
+  rvd_cuda_engine* const engine_;
+  const std::string version_;
+};
+
+absl::StatusOr<std::unique_ptr<Engine>> LoadFromDirs(const CudaEngineOptions& options) {
   std::string tried;
   for (const auto& dir : ModuleDirs()) {
     const std::filesystem::path path = dir / "librvd_cuda.so";
@@ -29,35 +108,51 @@ absl::StatusOr<std::unique_ptr<Engine>> LoadCudaEngine(
       absl::StrAppend(&tried, " ", path.string(), " (absent)");
       continue;
     }
-    // Never dlclose: the engine's code lives in the module until exit.
-    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot load ", path.string(), ": ", dlerror()));
-    }
-    auto create =
-        reinterpret_cast<CreateCudaEngineFn>(dlsym(handle, kCudaEngineSymbol));
-    if (create == nullptr) {
-      return absl::UnavailableError(
-          absl::StrCat(path.string(), " does not export ", kCudaEngineSymbol));
-    }
-    std::string error;
-    Engine* engine = create(options, &error);
-    if (engine == nullptr) {
-      return absl::UnavailableError(
-          absl::StrCat(path.string(), " loaded, but: ", error));
-    }
-    return std::unique_ptr<Engine>(engine);
+    return LoadCudaModule(path.string(), options);
   }
-  return absl::UnavailableError(
-      absl::StrCat("no CUDA module found; looked for", tried));
+  return absl::UnavailableError(absl::StrCat("no CUDA module found; looked for", tried));
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(
-    const std::string& backend, int cpu_threads,
-    const CudaEngineOptions& cuda_options, std::string* why) {
+absl::StatusOr<std::unique_ptr<Engine>> LoadCudaModule(const std::string& path,
+                                                       const CudaEngineOptions& options) {
+  // Never dlclose: the engine's code lives in the module until exit.
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot load ", path, ": ", dlerror()));
+  }
+  auto table = reinterpret_cast<rvd_cuda_module_fn>(dlsym(handle, RVD_CUDA_MODULE_SYMBOL));
+  if (table == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " does not export ", RVD_CUDA_MODULE_SYMBOL,
+        ": a module from another rvd version; install the librvd_cuda.so built with this rvd"));
+  }
+  const rvd_cuda_module* module = table();
+  // Checked before anything is created: a module of another ABI must not be
+  // called at all.
+  if (module == nullptr || module->abi_version != RVD_CUDA_MODULE_ABI_VERSION ||
+      module->size < sizeof(rvd_cuda_module)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " speaks CUDA module ABI ", module == nullptr ? 0 : module->abi_version,
+        " (table of ", module == nullptr ? 0 : module->size, " bytes); this rvd needs ABI ",
+        RVD_CUDA_MODULE_ABI_VERSION, " (", sizeof(rvd_cuda_module),
+        " bytes): install the librvd_cuda.so built with this rvd"));
+  }
+  const rvd_cuda_options o{options.device, options.streams, options.max_device_bytes,
+                           options.max_sms};
+  rvd_status status{};
+  rvd_cuda_engine* engine = module->create(&o, &status);
+  if (engine == nullptr) {
+    return absl::UnavailableError(absl::StrCat(path, " loaded, but: ", status.message));
+  }
+  return std::unique_ptr<Engine>(new ModuleEngine(module, engine));
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(const std::string& backend,
+                                                     int cpu_threads,
+                                                     const CudaEngineOptions& cuda_options,
+                                                     std::string* why) {
   if (backend == "cpu") {
     *why = "backend cpu: chosen by configuration";
     return NewCpuEngine(cpu_threads);
@@ -66,14 +161,15 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(
     return absl::InvalidArgumentError(
         absl::StrCat("unknown backend '", backend, "' (auto, cpu or cuda)"));
   }
-  absl::StatusOr<std::unique_ptr<Engine>> cuda = LoadCudaEngine(cuda_options);
+  absl::StatusOr<std::unique_ptr<Engine>> cuda = LoadFromDirs(cuda_options);
   if (cuda.ok()) {
     *why = absl::StrCat("backend cuda: module loaded (", backend, ")");
     return cuda;
   }
   if (backend == "cuda") return cuda.status();
-  *why = absl::StrCat("backend cpu: CUDA unavailable (",
-                      cuda.status().message(), ")");
+  // A module of another ABI is an installation error, not a missing GPU:
+  // auto still serves on the CPU, and the log says why.
+  *why = absl::StrCat("backend cpu: CUDA unavailable (", cuda.status().message(), ")");
   return NewCpuEngine(cpu_threads);
 }
 

@@ -1,9 +1,22 @@
-// Benchmark build only (rvd_bench_gpu --ab): fused v4 with one part
-// changed (fused_v4_kernel.cuh, Mode), to place its time. sm_90a.
+// Benchmark build only (rvd_bench_gpu --probe, --ab): the fused kernels with
+// one part changed, to place their time; none of this is in the product
+// module. sm_90a.
+//   LaunchFusedV2Probe  bf16 v2 with probe flags (kernels.h)
+//   LaunchFusedV4Probe  fused v4 in a probe mode (fused_v4_kernel.cuh, Mode)
+#include "kernels/cuda/fused_v2_kernel.cuh"
 #include "kernels/cuda/fused_v4_kernel.cuh"
 #include "kernels/cuda/kernels.h"
 
 namespace rvd::cuda {
+
+cudaError_t LaunchFusedV2Probe(const MatrixDesc* mats, const FusedJobV2* jobs,
+                               int num_jobs, bool any_offdiagonal, double* g2,
+                               double* trace, float* maxabs, int probe,
+                               int splits, cudaStream_t stream) {
+  return fused_v2::LaunchFusedV2ProbeBf16(mats, jobs, num_jobs, any_offdiagonal,
+                                          g2, trace, maxabs, probe, splits,
+                                          stream);
+}
 
 cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const FusedV4Launch& launch,
                                cudaStream_t stream) {

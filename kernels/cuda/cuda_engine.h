@@ -30,7 +30,11 @@
 
 namespace rvd::cuda {
 
-struct Context;  // one stream and its buffers (cuda_engine.cc)
+struct Context;        // one stream and its buffers (device_context.h)
+class MemoryCap;       // device_context.h
+class EngineCounters;  // device_context.h
+struct FusedLaunchers;  // fused_plan.h
+struct VariantEnv;      // variant.h
 
 class CudaEngine : public Engine {
  public:
@@ -40,7 +44,7 @@ class CudaEngine : public Engine {
   ~CudaEngine() override;
 
   std::string Backend() const override { return "cuda"; }
-  // e.g. "cuda-fused-v1/sm90/fused-v1-bt128w8s4".
+  // e.g. "cuda/sm90/fused:tma-wgmma-square,tma-wgmma-triangle,mma-sync-wide,wmma-tall".
   std::string Version() const override { return version_; }
   std::string DefaultVariant() const override { return "fused"; }
 
@@ -50,19 +54,22 @@ class CudaEngine : public Engine {
                          const VariantSpec& variant,
                          absl::Span<double> out) override;
 
-  // `device_batch` holds DEVICE pointers (the benchmark, tests and the CUDA
-  // IPC path). Work is ordered after what is already queued on `stream`
-  // (nullptr: the legacy default stream); returns when `out` is written.
-  // Views need 2-byte (f16/bf16) or 4-byte (f32) aligned data; the fused
-  // kernel's fast loads need 16-byte aligned rows, others take a slower path.
+  // `device_batch` holds DEVICE pointers of this process (the benchmark,
+  // tests, and memory mapped from another process). The engine's work waits
+  // for `ready` (an event the caller recorded after writing the matrices,
+  // possibly an interprocess event; nullptr: no wait) and returns when `out`
+  // is written. Views need 2-byte (f16/bf16) or 4-byte (f32) aligned data;
+  // the fused kernel's fast loads need 16-byte aligned rows, others take a
+  // slower path.
   absl::Status ComputePRDevice(absl::Span<const MatrixView> device_batch,
                                const VariantSpec& variant,
-                               absl::Span<double> out, cudaStream_t stream);
+                               absl::Span<double> out, cudaEvent_t ready);
 
-  // How many matrices each (variant, kernel version) has served, e.g.
-  // {"fused/fused-v1-bt128w8s4": 480}. Proves which code path ran.
+  // How many matrices each path ("variant/technique") has served, e.g.
+  // {"fused/tma-wgmma-square": 480}. Proves which code path ran.
   std::map<std::string, int64_t> ServedCounts() const override;
   std::map<std::string, double> PhaseSeconds() const override;
+  EngineStats Stats() const override;
   // Page-locked (portable) host memory: copies from it run at the link's
   // rate (55 GB/s on the H200 host, against ~7-20 GB/s pageable).
   void* AllocateHostBuffer(uint64_t bytes) override;
@@ -71,9 +78,9 @@ class CudaEngine : public Engine {
   // Device bytes rvd holds now (buffers in the pools).
   uint64_t DeviceBytesHeld() const;
 
-  // Tests only: run the deliberately wrong fused kernel (bf16 only) when
-  // fused_mutant.cu is linked in.
-  void UseFusedMutantForTest(bool on) { use_mutant_ = on; }
+  // Tests only: run the deliberately wrong fused kernels (fused_mutant.cu
+  // sets them; nullptr: the live kernels).
+  void UseFusedMutantForTest(const FusedLaunchers* mutant) { mutant_ = mutant; }
 
  private:
   explicit CudaEngine(const CudaEngineOptions& options);
@@ -84,6 +91,9 @@ class CudaEngine : public Engine {
   absl::Status ComputeShared(absl::Span<const MatrixView> batch,
                              const VariantSpec& variant,
                              absl::Span<double> out, bool* used);
+  // The packed, chunked path for host batches.
+  absl::Status ComputeChunked(absl::Span<const MatrixView> batch,
+                              const VariantSpec& variant, absl::Span<double> out);
 
   // Takes a context: waits for one when `wait`, else returns nullptr when
   // none is free.
@@ -91,36 +101,26 @@ class CudaEngine : public Engine {
   void Release(Context* ctx);
   // Waits for ctx's stream, drops what it had pending, and releases it.
   void DrainAndRelease(Context* ctx);
-
-  // Charges `bytes` of device memory to the cap, or fails.
-  absl::Status Charge(uint64_t bytes);
-  void Uncharge(uint64_t bytes);
-  friend struct Context;
-  friend class Runner;
-
-  void Count(const std::string& key, int64_t n);
-  void Count(const std::map<std::string, int64_t>& served);
-  // Adds a host call's wall time and the copy time its contexts measured.
-  void AddCallTime(double call_ms);
-  void AddCopyTime(double copy_ms);
-  // Adds the host time of planning a fused call (jobs, schedules, tensor
-  // maps, the descriptors' upload).
-  void AddPlanTime(double plan_ms);
+  // Frees the device buffers of every idle context; returns whether any
+  // memory was freed (a call that hit the cap may then retry).
+  bool TrimIdleContexts();
+  // Device bytes one context's work buffer or input chunk should stay within.
+  uint64_t Budget() const;
+  // What this engine's variants may use.
+  VariantEnv Env() const;
 
   CudaEngineOptions options_;
   std::string version_;
   int sm_major_ = 0, sm_minor_ = 0;
-  int sms_ = 0;  // multiprocessors (fused v4's schedule)
-  std::atomic<bool> use_mutant_{false};
+  int sms_ = 0;  // multiprocessors rvd's persistent kernels may use (options_.max_sms)
+  std::atomic<const FusedLaunchers*> mutant_{nullptr};
+  std::unique_ptr<MemoryCap> cap_;
+  std::unique_ptr<EngineCounters> counters_;
 
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Context>> contexts_ ABSL_GUARDED_BY(mu_);
   std::vector<Context*> free_ ABSL_GUARDED_BY(mu_);
-  uint64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<std::string, int64_t> served_ ABSL_GUARDED_BY(mu_);
-  double call_ms_ ABSL_GUARDED_BY(mu_) = 0.0;  // ComputePR wall time
-  double copy_ms_ ABSL_GUARDED_BY(mu_) = 0.0;  // host-to-device copies
-  double plan_ms_ ABSL_GUARDED_BY(mu_) = 0.0;  // fused calls' planning
+  std::map<void*, uint64_t> host_buffers_ ABSL_GUARDED_BY(mu_);  // AllocateHostBuffer's
 };
 
 }  // namespace rvd::cuda

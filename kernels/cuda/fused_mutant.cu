@@ -8,6 +8,7 @@
 // does not fit). cuda_engine_test runs the same checker against them and
 // expects mismatches, proving that the checker can fail.
 #include "kernels/cuda/fused_kernel.cuh"
+#include "kernels/cuda/fused_plan.h"
 #include "kernels/cuda/fused_v2_kernel.cuh"
 #include "kernels/cuda/fused_v4_kernel.cuh"
 
@@ -40,12 +41,12 @@ cudaError_t LaunchFusedV4Mutant(DType dtype, const FusedV4Launch& launch, cudaSt
   return v4::LaunchFusedV4T<__nv_bfloat16, v4::kMutant>(launch, stream);
 }
 
-const bool kRegistered = [] {
-  g_fused_mutant_launcher = &LaunchFusedMutant;
-  g_fused_v2_mutant_launcher = &LaunchFusedV2Mutant;
-  g_fused_v4_mutant_launcher = &LaunchFusedV4Mutant;
-  return true;
-}();
-
 }  // namespace
+
+const FusedLaunchers& FusedMutantLaunchers() {
+  static constexpr FusedLaunchers kMutants{&LaunchFusedMutant, &LaunchFusedV2Mutant,
+                                           &LaunchFusedV4Mutant};
+  return kMutants;
+}
+
 }  // namespace rvd::cuda

@@ -16,10 +16,6 @@
 
 namespace rvd::cuda {
 
-FusedLauncher g_fused_mutant_launcher = nullptr;
-FusedV2Launcher g_fused_v2_mutant_launcher = nullptr;
-FusedV4Launcher g_fused_v4_mutant_launcher = nullptr;
-
 MatrixDesc MakeDesc(const MatrixView& v) {
   MatrixDesc d;
   d.data = v.data;
@@ -53,15 +49,6 @@ cudaError_t LaunchFusedV2(DType dtype, const MatrixDesc* mats,
   return fused_v2::LaunchFusedV2Dispatch<false>(dtype, mats, jobs, num_jobs,
                                                 any_offdiagonal, g2, trace,
                                                 maxabs, stream);
-}
-
-cudaError_t LaunchFusedV2Probe(const MatrixDesc* mats, const FusedJobV2* jobs,
-                               int num_jobs, bool any_offdiagonal, double* g2,
-                               double* trace, float* maxabs, int probe,
-                               int splits, cudaStream_t stream) {
-  return fused_v2::LaunchFusedV2ProbeBf16(mats, jobs, num_jobs, any_offdiagonal,
-                                          g2, trace, maxabs, probe, splits,
-                                          stream);
 }
 
 namespace {
@@ -258,6 +245,22 @@ cudaError_t LaunchToF64ForSvd(DType dtype, const MatrixDesc& m, double* dst,
                               cudaStream_t stream) {
   ToF64ForSvdKernel<<<GridFor(int64_t{m.rows} * m.cols), kReduceThreads, 0,
                       stream>>>(dtype, m, dst);
+  return cudaGetLastError();
+}
+
+namespace {
+__global__ void ZeroBelowDiagonalKernel(double* a, int n, int64_t ld) {
+  const int64_t total = int64_t{n} * n;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t col = e / n, row = e % n;
+    if (row > col) a[col * ld + row] = 0.0;
+  }
+}
+}  // namespace
+
+cudaError_t LaunchZeroBelowDiagonal(double* a, int n, int64_t ld, cudaStream_t stream) {
+  ZeroBelowDiagonalKernel<<<GridFor(int64_t{n} * n), kReduceThreads, 0, stream>>>(a, n, ld);
   return cudaGetLastError();
 }
 

@@ -51,7 +51,8 @@ cudaError_t LaunchFusedV2(DType dtype, const MatrixDesc* mats,
                           bool any_offdiagonal, double* g2, double* trace,
                           float* maxabs, cudaStream_t stream);
 
-// Benchmark hook (rvd_bench_gpu --probe): bf16 v2 with probe flags (1: no
+// Benchmark hook (rvd_bench_gpu --probe; bench/dev/fused_probes.cu, linked
+// into the bench only): bf16 v2 with probe flags (1: no
 // MMA, 2: no loads after the prologue, 4: rotated K start) and `splits`
 // blocks per job over contiguous parts of K. Outputs per block (num_jobs x
 // splits entries), for timing only.
@@ -114,24 +115,20 @@ enum Mode : int {
 };
 }  // namespace fused_v4
 
-// Benchmark hook (rvd_bench_gpu --ab; fused_v4_probe.cu, linked into the
-// bench only): v4 in a probe mode. kProbeChain1 is exact, the others wrong
+// Benchmark hook (rvd_bench_gpu --ab; bench/dev/fused_probes.cu, linked
+// into the bench only): v4 in a probe mode. kProbeChain1 is exact, the others wrong
 // on purpose.
 cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const FusedV4Launch& launch,
                                cudaStream_t stream);
 
-// Test hooks: the mutant launchers (v1 and v2), set by fused_mutant.cu's
-// static initializer in the test binary; nullptr in the product.
+// The launchers' signatures (fused_plan.h's FusedLaunchers).
 using FusedLauncher = cudaError_t (*)(DType, const MatrixDesc*,
                                       const FusedJob*, int, bool, double*,
                                       double*, float*, cudaStream_t);
-extern FusedLauncher g_fused_mutant_launcher;
 using FusedV2Launcher = cudaError_t (*)(DType, const MatrixDesc*,
                                         const FusedJobV2*, int, bool, double*,
                                         double*, float*, cudaStream_t);
-extern FusedV2Launcher g_fused_v2_mutant_launcher;
 using FusedV4Launcher = cudaError_t (*)(DType, const FusedV4Launch&, cudaStream_t);
-extern FusedV4Launcher g_fused_v4_mutant_launcher;
 
 // Per matrix m: sums its jobs [job_begin[m], job_begin[m+1]) in job order,
 // in float64, and writes pr[m] and status[m].
@@ -164,6 +161,10 @@ cudaError_t LaunchToF32(DType dtype, const MatrixDesc& m, float* dst,
 // columns (W^T when rows <= cols, else W): the layout gesvd takes.
 cudaError_t LaunchToF64ForSvd(DType dtype, const MatrixDesc& m, double* dst,
                               cudaStream_t stream);
+
+// Zeroes the entries below the diagonal of the n x n column-major `a`
+// (leading dimension ld): R of a QR factorization, without its reflectors.
+cudaError_t LaunchZeroBelowDiagonal(double* a, int n, int64_t ld, cudaStream_t stream);
 
 }  // namespace rvd::cuda
 

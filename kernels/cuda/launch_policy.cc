@@ -9,13 +9,23 @@ namespace rvd::cuda {
 bool FusedV4Runs(int sm_major, int sm_minor) { return sm_major == 9 && sm_minor == 0; }
 
 std::string KernelVersion(int sm_major, int sm_minor) {
+  // Techniques by name (the served counts' names); the policies' knobs are
+  // logged by the daemon at start-up (KernelPolicies).
+  const char* wide = FusedV4Runs(sm_major, sm_minor)
+                         ? "tma-wgmma-square+tma-wgmma-triangle+mma-sync-wide"
+                         : "mma-sync-wide";
+  return absl::StrCat("cuda/sm", sm_major, sm_minor, "/fused:", wide, "+wmma-tall");
+}
+
+std::map<std::string, std::string> KernelPolicies(int sm_major, int sm_minor) {
+  std::map<std::string, std::string> p = {{"mma-sync-wide", kFusedPolicyV3Sm90.name},
+                                          {"mma-sync-3xtf32-wide", kFusedPolicyV3Sm90.name},
+                                          {"wmma-tall", kFusedPolicySm90.name}};
   if (FusedV4Runs(sm_major, sm_minor)) {
-    return absl::StrCat("cuda-fused-v4/sm", sm_major, sm_minor, "/", kFusedPolicyV4Sm90.name,
-                        "+", kFusedPolicyV4TriangleSm90.name, "+", kFusedPolicyV3Sm90.name,
-                        "+tall:", kFusedPolicySm90.name);
+    p["tma-wgmma-square"] = kFusedPolicyV4Sm90.name;
+    p["tma-wgmma-triangle"] = kFusedPolicyV4TriangleSm90.name;
   }
-  return absl::StrCat("cuda-fused-v3/sm", sm_major, sm_minor, "/",
-                      kFusedPolicyV3Sm90.name, "+tall:", kFusedPolicySm90.name);
+  return p;
 }
 
 FusedKernel ChooseFusedKernel(int sm_major, int sm_minor, DType dtype, int64_t rows,
@@ -98,16 +108,6 @@ void EnumerateFusedJobs(absl::Span<const int64_t> sides, int block_tile,
     }
   }
   job_begin->push_back(static_cast<int32_t>(jobs->size()));
-}
-
-std::vector<WarpTile> WarpTiles(int tiles_per_side, bool diagonal) {
-  std::vector<WarpTile> out;
-  for (int i = 0; i < tiles_per_side; ++i) {
-    for (int j = diagonal ? i : 0; j < tiles_per_side; ++j) {
-      out.push_back(WarpTile{i, j, (diagonal && i == j) ? 1 : 2});
-    }
-  }
-  return out;
 }
 
 std::vector<ShapeGroup> GroupByShape(absl::Span<const MatrixView> batch) {

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -58,12 +59,12 @@ struct LaunchPolicy {
 //     PR (GPU.md, torch TF32 row), the split keeps ~22 mantissa bits.
 // First-version values from the arithmetic above; not yet tuned by
 // measurement (see the benchmark's table for what they achieve).
-// v1 now serves tall W only (rows > cols); wide W takes v2 below.
+// v1 serves tall W only (rows > cols).
 inline constexpr LaunchPolicy kFusedPolicySm90{"fused-v1-bt128w8s4", 128, 8, 32,
                                                128, 4, 3};
 
-// v2 (fused_v2_kernel.cuh), wide W (rows <= cols) on sm_80 and newer; tuned
-// for sm_90 (H200). Values and where they came from (H200 numbers: this
+// v2's values (fused_v2_kernel.cuh, wide W on sm_80 and newer), which v3
+// below keeps and f32 still runs on (chain_ksteps_f32 0), and where they came from (H200 numbers: this
 // session's rvd_bench_gpu runs of 2026-11-29, kernel alone, steady clocks;
 // NOTES.md has the table):
 //   block_tile 128, col_tile 64: a diagonal job is the upper triangle of a
@@ -86,8 +87,6 @@ inline constexpr LaunchPolicy kFusedPolicySm90{"fused-v1-bt128w8s4", 128, 8, 32,
 //     active warps and 0.62 issued instructions per scheduler per cycle,
 //     top stall a fixed-latency dependency: issue- and latency-bound.
 //   f32_split 3: 3xTF32 as v1.
-inline constexpr LaunchPolicy kFusedPolicyV2Sm90{
-    "fused-v2-bt128x64w8s6b2", 128, 8, 16, 128, 6, 3, 64, 2, 4};
 
 // v3 (live for wide bf16/f16 W since 2026-11-29, H200 device run 13): v2's
 // tiling, stages and registers with fewer instructions per MMA (same kernel
@@ -121,7 +120,7 @@ inline constexpr LaunchPolicy kFusedPolicyV2Sm90{
 //   warp roles as code (RoleSliceMma): each warp's strips and slots are
 //     template arguments (no selects, no per-slot predicates; each strip's
 //     A fragments loaded once per chain); edge jobs take SliceMmaChain.
-// Other values and where they were measured: kFusedPolicyV2Sm90 above.
+// Other values and where they were measured: v2's, above.
 inline constexpr LaunchPolicy kFusedPolicyV3Sm90{
     "fused-v3-bt128x64w8s6b2c4", 128, 8, 16, 128, 6, 3, 64, 2, 4, 4, 0};
 
@@ -165,9 +164,13 @@ inline constexpr LaunchPolicy kFusedPolicyV4TriangleSm90{
     "fused-v4-triangle-tma-wgmma-3x64s6c4", 128, 16, 64, 128, 6, 0, 128, 1, 6, 4};
 
 // The kernel version string, e.g.
-// "cuda-fused-v4/sm90/fused-v4-...+fused-v3-...+tall:fused-v1-...": the
-// policies that serve wide and tall matrices on that device (v4 on 9.0 only).
+// "cuda/sm90/fused:tma-wgmma-square+tma-wgmma-triangle+mma-sync-wide+wmma-tall":
+// the techniques that serve fused calls on that device (v4 on 9.0 only), by
+// the stable names the served counts use.
 std::string KernelVersion(int sm_major, int sm_minor);
+// Each technique's tuning knobs (its policy's name), for the log and an info
+// metric: a retune changes these, never a technique's name.
+std::map<std::string, std::string> KernelPolicies(int sm_major, int sm_minor);
 
 // Whether the device runs fused v4 (sm_90a code: compute capability 9.0).
 bool FusedV4Runs(int sm_major, int sm_minor);
@@ -288,17 +291,6 @@ int64_t GramSide(int64_t rows, int64_t cols);
 void EnumerateFusedJobs(absl::Span<const int64_t> sides, int block_tile,
                         std::vector<FusedJob>* jobs,
                         std::vector<int32_t>* job_begin);
-
-// The warp tiles a block computes: on a diagonal block tile only the upper
-// triangle (weight 1 on the diagonal warp tiles, 2 above it); on an
-// off-diagonal one all of them, weight 2. Entries are (wi, wj, weight).
-struct WarpTile {
-  int wi, wj, weight;
-};
-std::vector<WarpTile> WarpTiles(int tiles_per_side, bool diagonal);
-
-// Sum over warp tiles of weight * (tile area) must equal the Gram's area:
-// a self-check the unit test runs for the tilings above.
 
 // Indices of a batch grouped by (rows, cols, ld, dtype), groups in order of
 // first appearance, members in batch order.

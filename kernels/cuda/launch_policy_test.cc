@@ -35,47 +35,6 @@ TEST(LaunchPolicy, JobsCoverUpperTriangleOnce) {
   EXPECT_EQ(begin.back(), static_cast<int32_t>(jobs.size()));
 }
 
-// Every entry (r, c) of an n x n Gram must be counted exactly once by
-// sum over jobs, over the job's warp tiles, of weight * [entry in tile],
-// where a weight-2 tile stands for itself and its mirror.
-TEST(LaunchPolicy, WarpTilesWeightEveryGramEntryOnce) {
-  const LaunchPolicy& p = kFusedPolicySm90;
-  const int per_side = p.block_tile / p.warp_tile;
-  for (int64_t n : {1, 31, 32, 100, 128, 200, 384}) {
-    std::vector<FusedJob> jobs;
-    std::vector<int32_t> begin;
-    const int64_t sides[] = {n};
-    EnumerateFusedJobs(sides, p.block_tile, &jobs, &begin);
-    std::map<std::pair<int64_t, int64_t>, int> count;
-    for (const FusedJob& j : jobs) {
-      for (const WarpTile& w : WarpTiles(per_side, j.diagonal != 0)) {
-        const int64_t r0 = j.ti * p.block_tile + w.wi * p.warp_tile;
-        const int64_t c0 = j.tj * p.block_tile + w.wj * p.warp_tile;
-        for (int64_t r = r0; r < r0 + p.warp_tile && r < n; ++r) {
-          for (int64_t c = c0; c < c0 + p.warp_tile && c < n; ++c) {
-            count[{r, c}] += 1;
-            if (w.weight == 2) count[{c, r}] += 1;
-          }
-        }
-      }
-    }
-    ASSERT_EQ(static_cast<int64_t>(count.size()), n * n) << "n=" << n;
-    for (const auto& [rc, k] : count) {
-      ASSERT_EQ(k, 1) << "n=" << n << " entry " << rc.first << "," << rc.second;
-    }
-  }
-}
-
-TEST(LaunchPolicy, WarpTilesFitTheWarps) {
-  const LaunchPolicy& p = kFusedPolicySm90;
-  const int per_side = p.block_tile / p.warp_tile;
-  // The kernel holds at most ceil(16 / warps) tiles per warp.
-  const int max_per_warp = (per_side * per_side + p.warps - 1) / p.warps;
-  EXPECT_LE(static_cast<int>(WarpTiles(per_side, false).size()),
-            max_per_warp * p.warps);
-  EXPECT_EQ(WarpTiles(per_side, true).size(), 10u);
-}
-
 TEST(LaunchPolicy, GroupByShapeKeepsOrder) {
   float x[4];
   std::vector<MatrixView> b = {
@@ -113,15 +72,16 @@ TEST(LaunchPolicy, PackedRowsAre16ByteAligned) {
 
 TEST(LaunchPolicy, VersionNamesTheKernel) {
   const std::string v = KernelVersion(9, 0);
-  EXPECT_NE(v.find("cuda-fused-v4/sm90"), std::string::npos) << v;
-  EXPECT_NE(v.find(kFusedPolicyV4Sm90.name), std::string::npos) << v;
-  EXPECT_NE(v.find(kFusedPolicyV4TriangleSm90.name), std::string::npos) << v;
-  EXPECT_NE(v.find(kFusedPolicyV3Sm90.name), std::string::npos) << v;
-  EXPECT_NE(v.find(kFusedPolicySm90.name), std::string::npos) << v;
+  EXPECT_NE(v.find("cuda/sm90"), std::string::npos) << v;
+  for (const char* t : {"tma-wgmma-square", "tma-wgmma-triangle", "mma-sync-wide", "wmma-tall"}) {
+    EXPECT_NE(v.find(t), std::string::npos) << v;
+    EXPECT_EQ(KernelPolicies(9, 0).count(t), 1u) << t;
+  }
   // v4 is sm_90a code: other devices get v3.
   const std::string a100 = KernelVersion(8, 0);
-  EXPECT_NE(a100.find("cuda-fused-v3/sm80"), std::string::npos) << a100;
-  EXPECT_EQ(a100.find(kFusedPolicyV4Sm90.name), std::string::npos) << a100;
+  EXPECT_NE(a100.find("cuda/sm80"), std::string::npos) << a100;
+  EXPECT_EQ(a100.find("tma-wgmma"), std::string::npos) << a100;
+  EXPECT_EQ(KernelPolicies(8, 0).count("tma-wgmma-square"), 0u);
   EXPECT_FALSE(FusedV4Runs(10, 0));
   EXPECT_TRUE(FusedV4Runs(9, 0));
 }

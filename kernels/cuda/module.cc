@@ -1,19 +1,129 @@
-// The module's one exported symbol (kCudaEngineSymbol in kernels/engine.h):
-// the daemon dlopens librvd_cuda.so and calls it. Everything else in the
-// module is hidden (exports.map).
+// The module's one exported symbol (RVD_CUDA_MODULE_SYMBOL, kernels/
+// cuda_module.h): the daemon dlopens librvd_cuda.so, checks the ABI version
+// of the table this returns, and drives the CUDA engine through it.
+// Everything else in the module is hidden (exports.map).
+#include <algorithm>
+#include <cstring>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/cuda/cuda_engine.h"
+#include "kernels/cuda_module.h"
 #include "kernels/engine.h"
 
-extern "C" __attribute__((visibility("default"))) rvd::Engine*
-rvd_create_cuda_engine(const rvd::CudaEngineOptions& options,
-                       std::string* error) {
+struct rvd_cuda_engine {
+  std::unique_ptr<rvd::cuda::CudaEngine> engine;
+  std::string version;
+  absl::Mutex mu;
+  std::string lost ABSL_GUARDED_BY(mu);  // set once, when the device is first seen lost
+};
+
+namespace {
+
+void SetStatus(const absl::Status& s, rvd_status* out) {
+  if (out == nullptr) return;
+  out->code = static_cast<int32_t>(s.code());
+  const std::string msg(s.message());
+  const size_t n = std::min(msg.size(), sizeof(out->message) - 1);
+  std::memcpy(out->message, msg.data(), n);
+  out->message[n] = '\0';
+}
+
+rvd_cuda_engine* Create(const rvd_cuda_options* o, rvd_status* status) {
+  rvd::CudaEngineOptions options;
+  options.device = o->device;
+  options.streams = o->streams;
+  options.max_device_bytes = o->max_device_bytes;
+  options.max_sms = o->max_sms;
   absl::StatusOr<std::unique_ptr<rvd::cuda::CudaEngine>> e =
       rvd::cuda::CudaEngine::Create(options);
   if (!e.ok()) {
-    if (error != nullptr) *error = std::string(e.status().message());
+    SetStatus(e.status(), status);
     return nullptr;
   }
-  return e->release();
+  SetStatus(absl::OkStatus(), status);
+  auto* h = new rvd_cuda_engine;
+  h->engine = std::move(*e);
+  h->version = h->engine->Version();
+  return h;
+}
+
+void Destroy(rvd_cuda_engine* h) { delete h; }
+
+const char* Version(rvd_cuda_engine* h) { return h->version.c_str(); }
+
+int32_t Compute(rvd_cuda_engine* h, const rvd_matrix* batch, size_t n,
+                const rvd_variant* variant, double* out, void* ready, rvd_status* status) {
+  std::vector<rvd::MatrixView> views(n);
+  bool device = false;
+  for (size_t i = 0; i < n; ++i) {
+    const rvd_matrix& m = batch[i];
+    if (m.dtype < RVD_DTYPE_F32 || m.dtype > RVD_DTYPE_BF16 ||
+        (m.memory != RVD_MEMORY_HOST && m.memory != RVD_MEMORY_DEVICE) ||
+        (i > 0 && (m.memory == RVD_MEMORY_DEVICE) != device)) {
+      SetStatus(absl::InvalidArgumentError(absl::StrCat(
+                    "batch[", i, "]: bad dtype or memory kind (one kind per call)")),
+                status);
+      return status->code;
+    }
+    device = m.memory == RVD_MEMORY_DEVICE;
+    views[i] = rvd::MatrixView{m.data, m.rows, m.cols, m.ld, static_cast<rvd::DType>(m.dtype)};
+  }
+  rvd::VariantSpec spec;
+  if (variant != nullptr) {
+    spec.name = variant->name != nullptr ? variant->name : "";
+    spec.probes = variant->probes;
+    spec.sketch_rank = variant->sketch_rank;
+    spec.seed = variant->seed;
+    spec.hutch_plus_plus = variant->hutch_plus_plus != 0;
+  }
+  absl::Span<double> results(out, n);
+  const absl::Status s =
+      device ? h->engine->ComputePRDevice(views, spec, results, static_cast<cudaEvent_t>(ready))
+             : h->engine->ComputePR(views, spec, results);
+  SetStatus(s, status);
+  return status->code;
+}
+
+void Stats(rvd_cuda_engine* h, rvd_stats_sink sink, void* ctx) {
+  const rvd::EngineStats s = h->engine->Stats();
+  for (const auto& [k, v] : s.served) sink(ctx, "served", k.c_str(), static_cast<double>(v));
+  for (const auto& [k, v] : s.events) sink(ctx, "event", k.c_str(), static_cast<double>(v));
+  for (const auto& [k, v] : s.phase_seconds) sink(ctx, "phase_seconds", k.c_str(), v);
+  for (const auto& [k, v] : s.device_errors) {
+    sink(ctx, "device_error", k.c_str(), static_cast<double>(v));
+  }
+  for (const auto& [k, v] : s.kernel_policies) {
+    sink(ctx, "policy", absl::StrCat(k, "=", v).c_str(), 1.0);
+  }
+  sink(ctx, "device_bytes", "", static_cast<double>(s.device_bytes_held));
+  sink(ctx, "pinned_bytes", "", static_cast<double>(s.pinned_bytes_held));
+}
+
+const char* Lost(rvd_cuda_engine* h) {
+  absl::MutexLock lock(&h->mu);
+  if (h->lost.empty()) {
+    const rvd::EngineStats s = h->engine->Stats();
+    if (s.healthy) return nullptr;
+    h->lost = s.unhealthy_reason.empty() ? "device lost" : s.unhealthy_reason;
+  }
+  // Never changed once set: the pointer stays valid until destroy.
+  return h->lost.c_str();
+}
+
+void* AllocHost(rvd_cuda_engine* h, uint64_t bytes) { return h->engine->AllocateHostBuffer(bytes); }
+void FreeHost(rvd_cuda_engine* h, void* p) { h->engine->FreeHostBuffer(p); }
+
+constexpr rvd_cuda_module kModule = {
+    RVD_CUDA_MODULE_ABI_VERSION, sizeof(rvd_cuda_module), RVD_VERSION, &Create, &Destroy,
+    &Version, &Compute, &Stats, &Lost, &AllocHost, &FreeHost};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const rvd_cuda_module* rvd_cuda_module_table() {
+  return &kModule;
 }

@@ -76,11 +76,67 @@ def test_daemon_serves_with_the_cuda_module(tmp_path, backend):
         fused = {p: n for p, n in served.items() if p.startswith("fused/")}
         assert sum(fused.values()) == 80, served
         if "sm90" in out["engine_version"]:
-            assert fused.get("fused/fused-v4-tma-wgmma-bt128s6c8w16d3p8") == 16, served
-            assert fused.get("fused/fused-v4-triangle-tma-wgmma-3x64s6c4") == 64, served
+            assert fused.get("fused/tma-wgmma-square") == 16, served
+            assert fused.get("fused/tma-wgmma-triangle") == 64, served
         assert "served_total=" in d.log_text()
         assert 'backend="cuda"' in next(l for l in metrics.splitlines()
                                         if l.startswith("rvd_build_info"))
         assert "engine=cuda" in d.log_text()
     finally:
         assert d.stop() == 0
+
+
+def write_f32_llama(path, layers):
+    """A llama checkpoint whose V projections are `layers` (f32 arrays)."""
+    path.mkdir(parents=True)
+    rows, hidden = layers[0].shape
+    (path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": len(layers), "num_attention_heads": 32,
+        "num_key_value_heads": rows // 128, "head_dim": 128, "hidden_size": hidden}))
+    write_safetensors(path / "model.safetensors", {
+        f"model.layers.{l}.self_attn.v_proj.weight": w for l, w in enumerate(layers)})
+
+
+def test_chunked_checkpoint_gives_each_layer_its_own_pr(tmp_path):
+    """Issue 14's case through rvctl: six distinct 512 x 4096 f32 layers in one
+    checkpoint, a 64 MiB device cap and 4 streams, so the batch is cut into
+    chunks over two contexts. Every variant must give each layer what it
+    gives that layer alone (power_iter and sketch gave every layer the next
+    layer's PR), and a small cap must not fail the call (algebraic and naive
+    were RESOURCE_EXHAUSTED)."""
+    rng = np.random.default_rng(14)
+    layers = []
+    for l in range(6):
+        w = rng.standard_normal((512, 4096)).astype(np.float32)
+        if l % 3 == 0:  # nearly rank 1
+            w = np.outer(rng.standard_normal(512), rng.standard_normal(4096)).astype(np.float32) \
+                + 1e-3 * w
+        else:
+            w *= (np.arange(1, 4097) ** -(0.3 * l)).astype(np.float32)
+        layers.append(w)
+    write_f32_llama(tmp_path / "all", layers)
+    for l, w in enumerate(layers):
+        write_f32_llama(tmp_path / f"alone{l}", [w])
+    d = Daemon(tmp_path, backend="cuda", cuda_max_device_bytes=64 << 20, cuda_streams=4)
+    failures = []  # every variant is tried: one failing says nothing of the next
+    try:
+        for variant in ["fused", "algebraic", "naive", "power_iter", "sketch"]:
+            common = ["--variant", variant, "--seed", "7", "--json"]
+            r = d.rvctl("measure", tmp_path / "all", "--model-id", "all", *common, check=False)
+            if r.returncode != 0:
+                failures.append((variant, "batch", r.stderr.strip()))
+                continue
+            batch = json.loads(r.stdout)["per_layer_pr"]
+            for l, w in enumerate(layers):
+                alone = json.loads(d.rvctl("measure", tmp_path / f"alone{l}", "--model-id",
+                                           f"alone{l}", *common).stdout)["per_layer_pr"]["0"]
+                got = batch[str(l)]
+                if variant in ("fused", "algebraic", "naive"):
+                    want = pr_oracle(w)
+                    if abs(got - want) > 2e-6 * want or abs(got - alone) > 4e-6 * alone:
+                        failures.append((variant, l, got, alone, want))
+                elif abs(got - alone) > 1e-9 * alone:
+                    failures.append((variant, l, got, alone))
+    finally:
+        assert d.stop() == 0
+    assert not failures, failures

@@ -1,0 +1,91 @@
+// Planning a fused call (private to kernels/cuda/; the engine and the GPU
+// benchmark both plan with it, so the benchmark times what rvd runs).
+//
+// A fused call of m matrices is planned on the host once: which fused kernel
+// serves each matrix, the jobs of each, one launch per run of matrices with
+// the same (dtype, kernel), fused v4's schedules, and a blob of descriptors
+// (matrix descriptors, job lists, per-matrix job offsets, v4's tensor maps)
+// to upload. LaunchFusedCall then runs it on device memory laid out as the
+// plan says. A plan depends only on the views (pointers, shapes, strides,
+// dtypes) and the device: the same call gives the same bits, and a call with
+// the same views may launch the same plan again.
+#ifndef RVD_KERNELS_CUDA_FUSED_PLAN_H_
+#define RVD_KERNELS_CUDA_FUSED_PLAN_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/launch_policy.h"
+#include "kernels/engine.h"
+
+namespace rvd::cuda {
+
+// What planning needs of the device.
+struct DeviceInfo {
+  int sm_major = 0, sm_minor = 0;
+  int sms = 0;  // multiprocessors rvd's persistent kernels may occupy (the SM cap)
+};
+
+// A planned fused call.
+struct FusedCall {
+  std::vector<MatrixView> views;  // what was planned; empty: no plan
+  std::vector<size_t> order;      // result slot s holds matrix order[s]
+  struct Launch {
+    DType dtype = DType::kF32;
+    FusedKernel kernel = FusedKernel::kV3;
+    int64_t matrices = 0;
+    int j0 = 0, jobs = 0;  // the launch's first job (g2, trace, maxabs) and count
+    int list0 = 0;         // its first job in the v1 or v2 job list
+    bool offdiag = false;
+    FusedV4Plan plan;
+  };
+  std::vector<Launch> launches;
+  bool finished = true;      // fused v4 writes every PR itself: no finalize
+  bool needs_tickets = false;  // a cut v4 plan: tickets and partial Grams
+  // The descriptors blob (upload it to `descriptors` memory) and its parts.
+  std::vector<unsigned char> upload;
+  uint64_t o_desc = 0, o_jobs = 0, o_jobs2 = 0, o_jb = 0, o_maps = 0;
+  // Work memory: per-job sums, results (ResultsBytes(m) at o_pr, PRs then
+  // statuses at o_st), v4's partial Grams.
+  uint64_t work_bytes = 0;
+  uint64_t o_g2 = 0, o_tr = 0, o_mx = 0, o_pr = 0, o_st = 0, o_part = 0;
+};
+
+// Plans `views` (device pointers). Matrices are ordered by dtype, then
+// kernel (v4, v4 triangle, v3 wide, v1 tall), stably, so that each launch's
+// jobs are contiguous; job indices (g2, trace, maxabs) run over all launches
+// in slot order, so the finalize sums each matrix's jobs in order.
+absl::Status PlanFusedCall(absl::Span<const MatrixView> views, const DeviceInfo& device,
+                           FusedCall* call);
+
+// The kernels a fused call runs; the tests substitute deliberately wrong
+// ones (fused_mutant.cu), the benchmark its contenders.
+struct FusedLaunchers {
+  FusedLauncher v1 = &LaunchFused;
+  FusedV2Launcher v2 = &LaunchFusedV2;
+  FusedV4Launcher v4 = &LaunchFusedV4;
+};
+
+// Tests only (fused_mutant.cu, linked into the GPU test binary alone): the
+// deliberately wrong fused kernels that prove the checks can fail.
+const FusedLaunchers& FusedMutantLaunchers();
+
+// Queues `call` on `stream`: its descriptors already at `descriptors` (the
+// uploaded blob), its work memory at `work`, `tickets` zeroed (a cut plan's).
+// The results land at work + o_pr.
+cudaError_t LaunchFusedCall(const FusedCall& call, const FusedLaunchers& launchers,
+                            const void* descriptors, void* work, int32_t* tickets,
+                            cudaStream_t stream);
+
+// The counted name of the technique that serves a launch (fused/<name>):
+// the kernel, and for v3 on f32 the v2 code it runs.
+const char* FusedTechnique(FusedKernel kernel, DType dtype);
+
+}  // namespace rvd::cuda
+
+#endif  // RVD_KERNELS_CUDA_FUSED_PLAN_H_

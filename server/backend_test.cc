@@ -1,0 +1,85 @@
+// The CUDA module boundary (kernels/cuda_module.h, server/backend.h): a
+// module of another ABI is refused before any of its functions runs, a
+// module without a device says so, and backend auto on a host without a GPU
+// serves on the CPU and says why. The fake modules are built by CMake next
+// to this test (FAKE_MODULE_DIR).
+#include "server/backend.h"
+
+#include <dlfcn.h>
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace rvd {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Fake(const char* name) { return std::string(FAKE_MODULE_DIR) + "/" + name; }
+
+int CreatedCount(const std::string& path) {
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (h == nullptr) return -1;
+  auto created = reinterpret_cast<int (*)()>(dlsym(h, "fake_module_created"));
+  return created == nullptr ? -1 : created();
+}
+
+TEST(CudaModule, OtherAbiIsRefusedBeforeAnythingIsCreated) {
+  const std::string path = Fake("libfake_cuda_abi999.so");
+  absl::StatusOr<std::unique_ptr<Engine>> e = LoadCudaModule(path, {});
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition) << e.status();
+  EXPECT_THAT(e.status().message(), HasSubstr("ABI 999"));
+  EXPECT_THAT(e.status().message(), HasSubstr("install the librvd_cuda.so built with this rvd"));
+  EXPECT_EQ(CreatedCount(path), 0);
+}
+
+TEST(CudaModule, SameAbiWithoutDeviceIsUnavailable) {
+  const std::string path = Fake("libfake_cuda_abi_ok.so");
+  absl::StatusOr<std::unique_ptr<Engine>> e = LoadCudaModule(path, {});
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kUnavailable) << e.status();
+  EXPECT_THAT(e.status().message(), HasSubstr("fake module: no CUDA device"));
+  EXPECT_EQ(CreatedCount(path), 1);
+}
+
+TEST(CudaModule, MissingFileIsUnavailable) {
+  absl::StatusOr<std::unique_ptr<Engine>> e = LoadCudaModule(Fake("absent.so"), {});
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kUnavailable);
+}
+
+// What `make run` does on a laptop or in CI: backend auto with the real
+// module (built whenever the CUDA toolkit is) but no GPU, or no module.
+TEST(CreateEngine, AutoWithoutGpuServesOnCpuAndSaysWhy) {
+  std::string why;
+  absl::StatusOr<std::unique_ptr<Engine>> e = CreateEngine("auto", 1, {}, &why);
+  ASSERT_TRUE(e.ok()) << e.status();
+  if ((*e)->Backend() == "cuda") {  // run on a GPU host
+    EXPECT_THAT(why, HasSubstr("backend cuda: module loaded"));
+    return;
+  }
+  EXPECT_EQ((*e)->Backend(), "cpu");
+  EXPECT_THAT(why, HasSubstr("backend cpu: CUDA unavailable"));
+  std::vector<double> out(1);
+  const float w[4] = {1, 2, 3, 4};
+  EXPECT_TRUE((*e)->ComputePR({MatrixView{w, 2, 2, 2, DType::kF32}}, {}, absl::MakeSpan(out)).ok());
+  EXPECT_GT(out[0], 1.0);
+}
+
+TEST(CreateEngine, CudaWithoutGpuFailsAndUnknownBackendIsInvalid) {
+  std::string why;
+  absl::StatusOr<std::unique_ptr<Engine>> e = CreateEngine("cuda", 1, {}, &why);
+  if (e.ok()) {
+    EXPECT_EQ((*e)->Backend(), "cuda");  // a GPU host
+  } else {
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kUnavailable) << e.status();
+  }
+  EXPECT_EQ(CreateEngine("tpu", 1, {}, &why).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace rvd
