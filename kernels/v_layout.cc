@@ -9,7 +9,6 @@
 // strided [D, D] view (and [D, d] per head) with ld = 3D, without a copy.
 #include "kernels/v_layout.h"
 
-#include <array>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -20,13 +19,6 @@
 
 namespace rvd {
 namespace {
-
-constexpr std::array<VLayout, 7> kAllLayouts = {
-    VLayout::kSeparate,      VLayout::kPhi3Qkv,
-    VLayout::kGptNeoxQkv,    VLayout::kFalconMultiQuery,
-    VLayout::kFalconGrouped, VLayout::kFalconClassic,
-    VLayout::kGpt2Conv1D,
-};
 
 // Products here are of geometry values a caller supplies; refuse any that
 // overflow int64 rather than computing a wrong shape.
@@ -118,32 +110,21 @@ int64_t HeadStartRow(VLayout layout, const HeadGeometry& g, int64_t head) {
   return 0;
 }
 
-// Layouts whose format fixes K: one kv head per query head, or exactly one.
+// Layouts whose format fixes K (ForcedKvHeads): the geometry must agree.
 absl::Status CheckForcedKvHeads(VLayout layout, const HeadGeometry& g) {
-  switch (layout) {
-    case VLayout::kGptNeoxQkv:
-    case VLayout::kFalconClassic:
-    case VLayout::kGpt2Conv1D:
-      if (g.num_kv_heads != g.num_heads) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "layout ", VLayoutName(layout),
-            " stores one kv head per query head: num_kv_heads must equal "
-            "num_heads (",
-            g.num_heads, "), got ", g.num_kv_heads));
-      }
-      break;
-    case VLayout::kFalconMultiQuery:
-      if (g.num_kv_heads != 1) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("layout ", VLayoutName(layout),
-                         " has a single kv head: num_kv_heads must be 1, got ",
-                         g.num_kv_heads));
-      }
-      break;
-    default:
-      break;
+  const std::optional<int64_t> k = ForcedKvHeads(layout, g.num_heads);
+  if (!k.has_value() || g.num_kv_heads == *k) return absl::OkStatus();
+  if (layout == VLayout::kFalconMultiQuery) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout ", VLayoutName(layout),
+                     " has a single kv head: num_kv_heads must be 1, got ",
+                     g.num_kv_heads));
   }
-  return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "layout ", VLayoutName(layout),
+      " stores one kv head per query head: num_kv_heads must equal "
+      "num_heads (",
+      g.num_heads, "), got ", g.num_kv_heads));
 }
 
 // Names the layouts (other than `wrong`) that `rows` x `cols` would fit
@@ -151,7 +132,7 @@ absl::Status CheckForcedKvHeads(VLayout layout, const HeadGeometry& g) {
 std::string FittingLayoutsHint(VLayout wrong, const HeadGeometry& g,
                                int64_t rows, int64_t cols) {
   std::vector<std::string> fits;
-  for (VLayout layout : kAllLayouts) {
+  for (VLayout layout : kAllVLayouts) {
     if (layout == wrong || !CheckForcedKvHeads(layout, g).ok()) continue;
     absl::StatusOr<ExpectedShape> shape = ShapeFor(layout, g);
     if (shape.ok() && shape->Matches(rows, cols)) {
@@ -176,6 +157,22 @@ MatrixView View(const TensorView& t, const void* data, int64_t rows,
 
 }  // namespace
 
+std::optional<int64_t> ForcedKvHeads(VLayout layout, int64_t num_heads) {
+  switch (layout) {
+    case VLayout::kGptNeoxQkv:
+    case VLayout::kFalconClassic:
+    case VLayout::kGpt2Conv1D:
+      return num_heads;
+    case VLayout::kFalconMultiQuery:
+      return 1;
+    case VLayout::kSeparate:
+    case VLayout::kPhi3Qkv:
+    case VLayout::kFalconGrouped:
+      break;
+  }
+  return std::nullopt;
+}
+
 const char* VLayoutName(VLayout layout) {
   switch (layout) {
     case VLayout::kSeparate:
@@ -198,7 +195,7 @@ const char* VLayoutName(VLayout layout) {
 
 absl::StatusOr<VLayout> ParseVLayout(const std::string& name) {
   std::vector<std::string> names;
-  for (VLayout layout : kAllLayouts) {
+  for (VLayout layout : kAllVLayouts) {
     if (name == VLayoutName(layout)) return layout;
     names.push_back(VLayoutName(layout));
   }
@@ -211,7 +208,7 @@ absl::StatusOr<VSlices> SliceV(const TensorView& tensor, VLayout layout,
   const std::string where = absl::StrCat("layout ", VLayoutName(layout),
                                          ", geometry ", GeometryString(g));
   bool known = false;
-  for (VLayout l : kAllLayouts) known |= (l == layout);
+  for (VLayout l : kAllVLayouts) known |= (l == layout);
   if (!known) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown V layout value ", static_cast<int>(layout)));

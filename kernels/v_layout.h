@@ -10,7 +10,9 @@
 #ifndef RVD_KERNELS_V_LAYOUT_H_
 #define RVD_KERNELS_V_LAYOUT_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,8 @@
 namespace rvd {
 
 // Mirrors rvd.v1.VLayout (same numbering); see proto/rvd/v1/rvd.proto.
+// The one conversion between the two (server/measure.cc) checks at compile
+// time that they stay in step.
 enum class VLayout {
   kSeparate = 1,
   kPhi3Qkv = 2,
@@ -29,6 +33,21 @@ enum class VLayout {
   kFalconClassic = 6,
   kGpt2Conv1D = 7,
 };
+
+// Every layout, numbered 1, 2, ... without a gap.
+inline constexpr VLayout kAllVLayouts[] = {
+    VLayout::kSeparate,      VLayout::kPhi3Qkv,
+    VLayout::kGptNeoxQkv,    VLayout::kFalconMultiQuery,
+    VLayout::kFalconGrouped, VLayout::kFalconClassic,
+    VLayout::kGpt2Conv1D,
+};
+inline constexpr bool VLayoutsNumberedInOrder() {
+  for (size_t i = 0; i < std::size(kAllVLayouts); ++i) {
+    if (static_cast<size_t>(kAllVLayouts[i]) != i + 1) return false;
+  }
+  return true;
+}
+static_assert(VLayoutsNumberedInOrder(), "kAllVLayouts must list 1, 2, ...");
 
 // "separate", "phi3_qkv", "gpt_neox_qkv", "falcon_multi_query",
 // "falcon_grouped", "falcon_classic", "gpt2_conv1d".
@@ -40,6 +59,13 @@ struct HeadGeometry {
   int64_t num_kv_heads = 0;  // key/value heads K (V has K heads)
   int64_t head_dim = 0;      // d
 };
+
+// The kv head count a layout's format fixes, the one statement of that
+// rule (SliceV enforces it; the checkpoint loader derives K from it):
+// num_heads for gpt_neox_qkv, falcon_classic and gpt2_conv1d (one kv head
+// per query head), 1 for falcon_multi_query, nullopt for the layouts whose
+// K comes from the model's config.
+std::optional<int64_t> ForcedKvHeads(VLayout layout, int64_t num_heads);
 
 // A stored tensor: row-major, contiguous, shape {rows, cols}.
 struct TensorView {

@@ -3,9 +3,11 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -286,6 +288,32 @@ TEST(SliceVTest, WrongKvHeadsForLayoutsThatFixIt) {
   ExpectInvalid(
       SliceV(t.view, VLayout::kFalconMultiQuery, HeadGeometry{10, 2, 2}),
       {"falcon_multi_query", "num_kv_heads must be 1"});
+}
+
+// ForcedKvHeads is the rule, and SliceV enforces exactly it: for every
+// layout and K, SliceV refuses K for its kv head count iff the rule fixes a
+// different K.
+TEST(ForcedKvHeadsTest, IsTheRuleSliceVEnforces) {
+  EXPECT_EQ(ForcedKvHeads(VLayout::kGptNeoxQkv, 12), 12);
+  EXPECT_EQ(ForcedKvHeads(VLayout::kFalconClassic, 12), 12);
+  EXPECT_EQ(ForcedKvHeads(VLayout::kGpt2Conv1D, 12), 12);
+  EXPECT_EQ(ForcedKvHeads(VLayout::kFalconMultiQuery, 12), 1);
+  EXPECT_EQ(ForcedKvHeads(VLayout::kSeparate, 12), std::nullopt);
+  EXPECT_EQ(ForcedKvHeads(VLayout::kPhi3Qkv, 12), std::nullopt);
+  EXPECT_EQ(ForcedKvHeads(VLayout::kFalconGrouped, 12), std::nullopt);
+  const int64_t h = 4, d = 2;
+  for (VLayout layout : kAllVLayouts) {
+    for (int64_t k : {1, 2, 4}) {
+      const HeadGeometry g{h, k, d};
+      const absl::StatusOr<VSlices> v =
+          SliceV(MakeTensor(1, 1).view, layout, g);  // shape is checked later
+      const bool refused_for_k =
+          !v.ok() && absl::StrContains(v.status().message(), "num_kv_heads must");
+      const std::optional<int64_t> forced = ForcedKvHeads(layout, h);
+      EXPECT_EQ(refused_for_k, forced.has_value() && *forced != k)
+          << VLayoutName(layout) << " K=" << k << ": " << v.status();
+    }
+  }
 }
 
 TEST(SliceVTest, BadGeometry) {

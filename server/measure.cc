@@ -33,6 +33,22 @@ absl::StatusOr<DType> ToDType(rvd::v1::DType dtype) {
   }
 }
 
+// ToVLayout casts: the proto's and the engine's VLayout must number every
+// layout alike, and neither may have one the other lacks.
+#define RVD_SAME_LAYOUT(proto, engine) \
+  static_assert(rvd::v1::proto == static_cast<int>(VLayout::engine))
+RVD_SAME_LAYOUT(V_LAYOUT_SEPARATE, kSeparate);
+RVD_SAME_LAYOUT(V_LAYOUT_PHI3_QKV, kPhi3Qkv);
+RVD_SAME_LAYOUT(V_LAYOUT_GPT_NEOX_QKV, kGptNeoxQkv);
+RVD_SAME_LAYOUT(V_LAYOUT_FALCON_MULTI_QUERY, kFalconMultiQuery);
+RVD_SAME_LAYOUT(V_LAYOUT_FALCON_GROUPED, kFalconGrouped);
+RVD_SAME_LAYOUT(V_LAYOUT_FALCON_CLASSIC, kFalconClassic);
+RVD_SAME_LAYOUT(V_LAYOUT_GPT2_CONV1D, kGpt2Conv1D);
+#undef RVD_SAME_LAYOUT
+static_assert(rvd::v1::VLayout_MAX == std::size(kAllVLayouts) &&
+                  rvd::v1::V_LAYOUT_GPT2_CONV1D == rvd::v1::VLayout_MAX,
+              "a layout was added to one VLayout enum and not the other");
+
 absl::StatusOr<VLayout> ToVLayout(rvd::v1::VLayout layout) {
   if (layout < rvd::v1::V_LAYOUT_SEPARATE ||
       layout > rvd::v1::V_LAYOUT_GPT2_CONV1D) {

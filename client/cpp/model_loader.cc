@@ -362,20 +362,6 @@ absl::StatusOr<VLayout> PickLayout(const Architecture& arch,
       ": no layout variant matches config.json; add one without \"when\""));
 }
 
-// The layout's own kv head count, when it fixes one.
-std::optional<int64_t> ForcedKvHeads(VLayout layout, int64_t num_heads) {
-  switch (layout) {
-    case VLayout::kGptNeoxQkv:
-    case VLayout::kFalconClassic:
-    case VLayout::kGpt2Conv1D:
-      return num_heads;
-    case VLayout::kFalconMultiQuery:
-      return 1;
-    default:
-      return std::nullopt;
-  }
-}
-
 // Derives H, K, d (see architectures.yaml) and says how in *source.
 absl::StatusOr<HeadGeometry> DeriveGeometry(
     const GeometryKeys& keys, const Json& config,
@@ -408,6 +394,7 @@ absl::StatusOr<HeadGeometry> DeriveGeometry(
     g.num_kv_heads = options.num_kv_heads;
     how.push_back(absl::StrCat("num_kv_heads=", g.num_kv_heads, " (option)"));
   } else if (std::optional<int64_t> k = ForcedKvHeads(layout, g.num_heads)) {
+    // The layout's own kv head count (kernels/v_layout.h owns the rule).
     g.num_kv_heads = *k;
     how.push_back(absl::StrCat("num_kv_heads=", g.num_kv_heads, " (layout ",
                                VLayoutName(layout), ")"));

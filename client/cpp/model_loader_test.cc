@@ -432,6 +432,9 @@ TEST_F(ModelLoaderTest, FalconMultiQueryIsTheDefault) {
   absl::StatusOr<LoadedModel> m = Load();
   ASSERT_TRUE(m.ok()) << m.status();
   ExpectModel(*m, "falcon", 2, VLayout::kFalconMultiQuery, {4, 1, 2}, 8);
+  // K comes from the layout's rule (ForcedKvHeads), not config.json's 4.
+  EXPECT_THAT(m->geometry_source,
+              HasSubstr("num_kv_heads=1 (layout falcon_multi_query)"));
 }
 
 TEST_F(ModelLoaderTest, FalconClassic) {
