@@ -208,6 +208,21 @@ int Build(const Case& c, std::mt19937_64& rng, Inputs* in, bool oracle = true) {
   return 0;
 }
 
+// --max-sms N: the product plan's persistent grid capped at N SMs, as rvd's
+// cuda_max_sms does (0: every SM), to measure what the cap costs.
+int g_max_sms = 0;
+
+// The product's fused kernels on this device (the engine's registry as
+// created).
+const KernelTable& ProductKernels() {
+  static const std::shared_ptr<const KernelTable> table = [] {
+    cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, 0);
+    return KernelRegistry(prop.major, prop.minor).Snapshot();
+  }();
+  return *table;
+}
+
 // The fused kernel and finalize alone, prepared once per set.
 struct FusedPrepared {
   void* dev = nullptr;
@@ -335,7 +350,9 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
     BENCH_CHECK(cudaMemcpy(f->maps, maps.data(), maps.size(), cudaMemcpyHostToDevice));
   }
   if (!forced) {
-    const DeviceInfo info{prop.major, prop.minor, prop.multiProcessorCount};
+    const int sms = g_max_sms > 0 ? std::min(g_max_sms, prop.multiProcessorCount)
+                                  : prop.multiProcessorCount;
+    const DeviceInfo info{prop.major, prop.minor, sms};
     if (absl::Status st = PlanFusedCall(views, info, &f->call); !st.ok()) {
       std::fprintf(stderr, "PlanFusedCall: %s\n", std::string(st.message()).c_str());
       return 1;
@@ -368,7 +385,7 @@ cudaError_t FinalizeUnlessFinished(const FusedPrepared& f, cudaError_t e, cudaSt
 // `whole`: v4 with no job cut (FusedPrepared::whole_plan).
 cudaError_t RunPrepared(const FusedPrepared& f, cudaStream_t s, bool whole = false) {
   if (f.product && !whole) {
-    return LaunchFusedCall(f.call, FusedLaunchers{}, f.call_dev, f.call_work, f.call_tickets, s);
+    return LaunchFusedCall(f.call, ProductKernels(), f.call_dev, f.call_work, f.call_tickets, s);
   }
   cudaError_t e = cudaErrorInvalidValue;
   switch (f.kernel) {
@@ -897,15 +914,18 @@ int Main(int argc, char** argv) {
     else if (a == "--ab") ab = true;
     else if (a == "--ncu") ab = ncu = true;
     else if (a == "--sustain") sustain = true;
+    else if (a == "--max-sms" && i + 1 < argc) g_max_sms = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr,
-                   "usage: %s [--json PATH] [--reps N] [--quick] [--probe] [--ab] [--ncu] [--sustain]\n",
+                   "usage: %s [--json PATH] [--reps N] [--quick] [--probe] [--ab] [--ncu] [--sustain] "
+                   "[--max-sms N]\n",
                    argv[0]);
       return 2;
     }
   }
   CudaEngineOptions opt;
   opt.max_device_bytes = 16ull << 30;
+  opt.max_sms = g_max_sms;
   absl::StatusOr<std::unique_ptr<CudaEngine>> eng = CudaEngine::Create(opt);
   if (!eng.ok()) {
     std::fprintf(stderr, "no CUDA engine: %s\n", std::string(eng.status().message()).c_str());

@@ -7,6 +7,7 @@
 # nothing is written into the repository):
 #   env.txt                   nvidia-smi, library resolution of the module
 #   cuda_engine_test.log      the CUDA engine's GPU tests (ctest label gpu)
+#   cuda_device_lost_test.log a sticky device error, in its own process
 #   integration_gpu.log       rvd + librvd_cuda.so driven by rvctl (label gpu)
 #   gpu_bench.{json,log}      rvd_bench_gpu: validation, then timings
 #   gpu_ab.{json,log}         rvd_bench_gpu --ab: fused v3 and v4 side by side
@@ -76,6 +77,7 @@ step() {  # step NAME TIMEOUT_S COMMAND...: runs, logs to $OUT/NAME.log
 # Limits about 2-3x each step's usual time: a hung kernel costs device time
 # (gpu_bench: ~60 s, s5-7; 190 s before the stats kernel was fixed).
 step cuda_engine_test 90 "$stage/bin/cuda_engine_test"
+step cuda_device_lost_test 30 "$stage/bin/cuda_device_lost_test"
 step integration_gpu 120 python3 -m pytest -q -p no:cacheprovider tests/gpu
 step gpu_bench 300 "$stage/bin/rvd_bench_gpu" --json "$OUT/gpu_bench.json"
 step gpu_ab 120 "$stage/bin/rvd_bench_gpu" --ab --reps 30 --json "$OUT/gpu_ab.json"

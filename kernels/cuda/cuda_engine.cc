@@ -32,6 +32,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/fused_plan.h"
+#include "kernels/cuda/kernel_registry.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch_policy.h"
 #include "kernels/cuda/variant.h"
@@ -305,6 +306,7 @@ absl::Status CudaEngine::Init() {
         "; rvd's kernels need sm_80 or newer"));
   }
   version_ = KernelVersion(sm_major_, sm_minor_);
+  kernels_ = std::make_unique<KernelRegistry>(sm_major_, sm_minor_);
   int least = 0, greatest = 0;
   RVD_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   absl::MutexLock lock(&mu_);
@@ -364,6 +366,23 @@ bool CudaEngine::TrimIdleContexts() {
 }
 
 uint64_t CudaEngine::DeviceBytesHeld() const { return cap_->held(); }
+
+void CudaEngine::UseFusedMutantForTest(const FusedLaunchers* mutant) {
+  if (mutant == nullptr) {
+    kernels_->Reset();
+    return;
+  }
+  const std::shared_ptr<const KernelTable> product = KernelRegistry(sm_major_, sm_minor_).Snapshot();
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (FusedKernel k : {FusedKernel::kV4, FusedKernel::kV4Triangle, FusedKernel::kV3,
+                          FusedKernel::kV1Tall}) {
+      KernelEntry e = product->Find(dt, k);
+      e.technique = absl::StrCat("MUTANT-", e.technique);
+      e.launchers = *mutant;
+      kernels_->Swap(dt, k, e);
+    }
+  }
+}
 
 std::map<std::string, int64_t> CudaEngine::ServedCounts() const { return Stats().served; }
 
@@ -534,7 +553,7 @@ VariantEnv CudaEngine::Env() const {
   env.counters = counters_.get();
   env.device = DeviceInfo{sm_major_, sm_minor_, sms_};
   env.budget = Budget();
-  env.mutant = mutant_.load();
+  env.kernels = kernels_.get();
   return env;
 }
 

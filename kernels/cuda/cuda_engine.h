@@ -33,7 +33,8 @@ namespace rvd::cuda {
 struct Context;        // one stream and its buffers (device_context.h)
 class MemoryCap;       // device_context.h
 class EngineCounters;  // device_context.h
-struct FusedLaunchers;  // fused_plan.h
+struct FusedLaunchers;  // kernel_registry.h
+class KernelRegistry;   // kernel_registry.h
 struct VariantEnv;      // variant.h
 
 class CudaEngine : public Engine {
@@ -78,9 +79,14 @@ class CudaEngine : public Engine {
   // Device bytes rvd holds now (buffers in the pools).
   uint64_t DeviceBytesHeld() const;
 
-  // Tests only: run the deliberately wrong fused kernels (fused_mutant.cu
-  // sets them; nullptr: the live kernels).
-  void UseFusedMutantForTest(const FusedLaunchers* mutant) { mutant_ = mutant; }
+  // The fused kernels in service: swap an entry to change what serves
+  // (calls already running finish on the kernels they started with).
+  KernelRegistry& kernels() { return *kernels_; }
+
+  // Tests only: every fused kernel replaced by `mutant`'s deliberately
+  // wrong ones (fused_mutant.cu), counted as fused/MUTANT-<technique>;
+  // nullptr: the product kernels again.
+  void UseFusedMutantForTest(const FusedLaunchers* mutant);
 
  private:
   explicit CudaEngine(const CudaEngineOptions& options);
@@ -113,7 +119,7 @@ class CudaEngine : public Engine {
   std::string version_;
   int sm_major_ = 0, sm_minor_ = 0;
   int sms_ = 0;  // multiprocessors rvd's persistent kernels may use (options_.max_sms)
-  std::atomic<const FusedLaunchers*> mutant_{nullptr};
+  std::unique_ptr<KernelRegistry> kernels_;  // created in Init (needs the device)
   std::unique_ptr<MemoryCap> cap_;
   std::unique_ptr<EngineCounters> counters_;
 

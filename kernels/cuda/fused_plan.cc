@@ -35,18 +35,6 @@ const T* At(const void* base, uint64_t offset) {
 
 }  // namespace
 
-const char* FusedTechnique(FusedKernel kernel, DType dtype) {
-  switch (kernel) {
-    case FusedKernel::kV4: return "tma-wgmma-square";
-    case FusedKernel::kV4Triangle: return "tma-wgmma-triangle";
-    case FusedKernel::kV3:
-      // v3's policy runs f32 on v2's code (chain_ksteps_f32 0).
-      return dtype == DType::kF32 ? "mma-sync-3xtf32-wide" : "mma-sync-wide";
-    case FusedKernel::kV1Tall: return "wmma-tall";
-  }
-  return "unknown";
-}
-
 absl::Status PlanFusedCall(absl::Span<const MatrixView> views, const DeviceInfo& device,
                            FusedCall* out) {
   FusedCall call;
@@ -164,8 +152,8 @@ absl::Status PlanFusedCall(absl::Span<const MatrixView> views, const DeviceInfo&
   return absl::OkStatus();
 }
 
-cudaError_t LaunchFusedCall(const FusedCall& call, const FusedLaunchers& launchers,
-                            const void* d, void* w, int32_t* tickets, cudaStream_t stream) {
+cudaError_t LaunchFusedCall(const FusedCall& call, const KernelTable& table, const void* d,
+                            void* w, int32_t* tickets, cudaStream_t stream) {
   const auto* d_desc = At<MatrixDesc>(d, call.o_desc);
   const auto* d_jobs = At<FusedJob>(d, call.o_jobs);
   const auto* d_jobs2 = At<FusedJobV2>(d, call.o_jobs2);
@@ -174,6 +162,7 @@ cudaError_t LaunchFusedCall(const FusedCall& call, const FusedLaunchers& launche
     double* g2 = At<double>(w, call.o_g2) + l.j0;
     double* tr = At<double>(w, call.o_tr) + l.j0;
     float* mx = At<float>(w, call.o_mx) + l.j0;
+    const FusedLaunchers& launchers = table.Find(l.dtype, l.kernel).launchers;
     cudaError_t e = cudaSuccess;
     switch (l.kernel) {
       case FusedKernel::kV1Tall:

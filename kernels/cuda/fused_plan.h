@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "kernels/cuda/kernel_registry.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch_policy.h"
 #include "kernels/engine.h"
@@ -34,6 +35,7 @@ struct DeviceInfo {
 // A planned fused call.
 struct FusedCall {
   std::vector<MatrixView> views;  // what was planned; empty: no plan
+  uint64_t generation = 0;        // the kernel table's it was planned for
   std::vector<size_t> order;      // result slot s holds matrix order[s]
   struct Launch {
     DType dtype = DType::kF32;
@@ -63,28 +65,16 @@ struct FusedCall {
 absl::Status PlanFusedCall(absl::Span<const MatrixView> views, const DeviceInfo& device,
                            FusedCall* call);
 
-// The kernels a fused call runs; the tests substitute deliberately wrong
-// ones (fused_mutant.cu), the benchmark its contenders.
-struct FusedLaunchers {
-  FusedLauncher v1 = &LaunchFused;
-  FusedV2Launcher v2 = &LaunchFusedV2;
-  FusedV4Launcher v4 = &LaunchFusedV4;
-};
-
 // Tests only (fused_mutant.cu, linked into the GPU test binary alone): the
 // deliberately wrong fused kernels that prove the checks can fail.
 const FusedLaunchers& FusedMutantLaunchers();
 
-// Queues `call` on `stream`: its descriptors already at `descriptors` (the
-// uploaded blob), its work memory at `work`, `tickets` zeroed (a cut plan's).
-// The results land at work + o_pr.
-cudaError_t LaunchFusedCall(const FusedCall& call, const FusedLaunchers& launchers,
+// Queues `call` on `stream` with `table`'s kernels: its descriptors already
+// at `descriptors` (the uploaded blob), its work memory at `work`, `tickets`
+// zeroed (a cut plan's). The results land at work + o_pr.
+cudaError_t LaunchFusedCall(const FusedCall& call, const KernelTable& table,
                             const void* descriptors, void* work, int32_t* tickets,
                             cudaStream_t stream);
-
-// The counted name of the technique that serves a launch (fused/<name>):
-// the kernel, and for v3 on f32 the v2 code it runs.
-const char* FusedTechnique(FusedKernel kernel, DType dtype);
 
 }  // namespace rvd::cuda
 

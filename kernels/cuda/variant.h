@@ -32,6 +32,7 @@
 #include "kernels/call_contract.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/fused_plan.h"
+#include "kernels/cuda/kernel_registry.h"
 #include "kernels/engine.h"
 
 namespace rvd::cuda {
@@ -43,8 +44,8 @@ struct VariantEnv {
   // Device bytes one context's work buffer or input chunk should stay
   // within (max_device_bytes / streams / 2).
   uint64_t budget = 0;
-  // Tests only: the deliberately wrong fused kernels (fused_mutant.cu).
-  const FusedLaunchers* mutant = nullptr;
+  // The fused kernels in service (the engine's registry).
+  const KernelRegistry* kernels = nullptr;
 };
 
 class Variant {

@@ -22,7 +22,10 @@ class FusedVariant : public Variant {
   absl::Status Enqueue(Context& ctx) override {
     FusedCall& call = ctx.fused;
     const size_t m = ctx.pending.device_views.size();
-    if (call.views != ctx.pending.device_views) {
+    // One table for the whole chunk; a plan made for another generation of
+    // the kernels is not reused.
+    const std::shared_ptr<const KernelTable> table = env_.kernels->Snapshot();
+    if (call.views != ctx.pending.device_views || call.generation != table->generation()) {
       const auto start = std::chrono::steady_clock::now();
       absl::Status s = Plan(ctx);
       if (!s.ok()) {
@@ -38,16 +41,14 @@ class FusedVariant : public Variant {
     if (absl::Status s = ctx.down.Reserve(ctx.counters, ResultsBytes(m), ctx.stream); !s.ok()) {
       return s;
     }
+    call.generation = table->generation();
     ctx.pending.order = call.order;
-    const FusedLaunchers& launchers = env_.mutant != nullptr ? *env_.mutant : kLive;
-    RVD_CUDA_RETURN_IF_ERROR(LaunchFusedCall(call, launchers, ctx.descriptors.data(),
+    RVD_CUDA_RETURN_IF_ERROR(LaunchFusedCall(call, *table, ctx.descriptors.data(),
                                              ctx.work.data(),
                                              static_cast<int32_t*>(ctx.tickets.data()),
                                              ctx.stream));
     for (const FusedCall::Launch& l : call.launches) {
-      Serve(absl::StrCat("fused/", env_.mutant != nullptr ? "MUTANT-" : "",
-                         FusedTechnique(l.kernel, l.dtype)),
-            l.matrices);
+      Serve(absl::StrCat("fused/", table->Find(l.dtype, l.kernel).technique), l.matrices);
     }
     RVD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ctx.down.data(),
                                              At<unsigned char>(ctx.work.data(), call.o_pr),
@@ -78,7 +79,6 @@ class FusedVariant : public Variant {
     return absl::OkStatus();
   }
 
-  static constexpr FusedLaunchers kLive{};
   const VariantEnv env_;
 };
 
