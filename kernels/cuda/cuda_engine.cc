@@ -41,7 +41,6 @@
 namespace rvd::cuda {
 namespace {
 
-using variant_internal::At;
 
 // The call contract (call_contract.h) with this backend's name and default.
 absl::StatusOr<VariantKind> CheckCudaCall(absl::Span<const MatrixView> batch,

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/block_sums.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch_policy.h"
 
@@ -177,7 +178,7 @@ __device__ __forceinline__ void FusedBody(const MatrixDesc& m,
   using BLayout = std::conditional_t<kTall, wmma::row_major, wmma::col_major>;
   constexpr bool kSplit = std::is_same_v<T, float>;
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
   const bool diag = job.diagonal != 0;
   const int valid_i = m.n - job.ti * kBT;  // Gram rows of this block tile
   const int valid_j = m.n - job.tj * kBT;
@@ -339,32 +340,9 @@ __device__ __forceinline__ void FusedBody(const MatrixDesc& m,
         }
     s += weight[t] * st;
   }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) {
-    s += __shfl_xor_sync(0xffffffffu, s, off);
-    tsum += __shfl_xor_sync(0xffffffffu, tsum, off);
-    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
-  }
-  __shared__ double red_s[kWarps], red_t[kWarps];
-  __shared__ float red_m[kWarps];
-  if (lane == 0) {
-    red_s[warp] = s;
-    red_t[warp] = tsum;
-    red_m[warp] = tmax;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double bs = 0.0, bt = 0.0;
-    float bm = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      bs += red_s[w];
-      bt += red_t[w];
-      bm = fmaxf(bm, red_m[w]);
-    }
-    *g2_out = bs;
-    *trace_out = bt;
-    *maxabs_out = bm;
-  }
+  WriteBlockSums<kWarps>(
+      s, tsum, tmax, [](float a, float b) { return fmaxf(a, b); }, g2_out, trace_out,
+      maxabs_out);
 }
 
 template <typename T, bool kMutant>

@@ -5,35 +5,10 @@
 #include <limits>
 #include <numeric>
 
+#include "kernels/cuda/byte_layout.h"
 #include "kernels/cuda/cuda_check.h"
 
 namespace rvd::cuda {
-namespace {
-
-// Offsets of the pieces of one buffer, each 256-byte aligned.
-class Layout {
- public:
-  uint64_t Add(uint64_t bytes) {
-    const uint64_t at = size_;
-    size_ += (bytes + 255) / 256 * 256;
-    return at;
-  }
-  uint64_t size() const { return size_; }
-
- private:
-  uint64_t size_ = 0;
-};
-
-template <typename T>
-T* At(void* base, uint64_t offset) {
-  return reinterpret_cast<T*>(static_cast<unsigned char*>(base) + offset);
-}
-template <typename T>
-const T* At(const void* base, uint64_t offset) {
-  return reinterpret_cast<const T*>(static_cast<const unsigned char*>(base) + offset);
-}
-
-}  // namespace
 
 absl::Status PlanFusedCall(absl::Span<const MatrixView> views, const DeviceInfo& device,
                            FusedCall* out) {

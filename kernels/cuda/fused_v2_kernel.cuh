@@ -62,6 +62,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/block_sums.cuh"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch_policy.h"
 
@@ -845,34 +846,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int off = 16; off > 0; off /= 2) b = max(b, __shfl_xor_sync(0xffffffffu, b, off));
     tmax = AbsBitsToFloat<T>(b);
   }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) {
-    sacc += __shfl_xor_sync(0xffffffffu, sacc, off);
-    tsum += __shfl_xor_sync(0xffffffffu, tsum, off);
-    if constexpr (!kTraceFromGram) {
-      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
-    }
-  }
-  __shared__ double red_s[kWarps], red_t[kWarps];
-  __shared__ float red_m[kWarps];
-  if (lane == 0) {
-    red_s[warp] = sacc;
-    red_t[warp] = tsum;
-    red_m[warp] = tmax;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double bs = 0.0, bt = 0.0;
-    float bm = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      bs += red_s[w];
-      bt += red_t[w];
-      bm = MaxKeepNaN(bm, red_m[w]);  // v2's values are never NaN: as fmaxf
-    }
-    g2[blockIdx.x] = bs;
-    trace[blockIdx.x] = bt;
-    maxabs[blockIdx.x] = bm;
-  }
+  // (With the trace from the Gram, tmax is already the warp's: the lanes'
+  // step leaves it as it is.)
+  WriteBlockSums<kWarps>(
+      sacc, tsum, tmax, [](float a, float b) { return MaxKeepNaN(a, b); },  // never NaN here
+      g2 + blockIdx.x, trace + blockIdx.x, maxabs + blockIdx.x);
 }
 
 // kChain: the live policy's for T (0: v2's code).

@@ -30,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/call_contract.h"
+#include "kernels/cuda/byte_layout.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/fused_plan.h"
 #include "kernels/cuda/kernel_registry.h"
@@ -68,25 +69,6 @@ std::unique_ptr<Variant> NewVariant(VariantKind kind, const VariantSpec& spec, c
 
 // Shared by the variants (variant.cc).
 namespace variant_internal {
-
-// Offsets of the pieces of one buffer, each 256-byte aligned.
-class Layout {
- public:
-  uint64_t Add(uint64_t bytes) {
-    const uint64_t at = size_;
-    size_ += (bytes + 255) / 256 * 256;
-    return at;
-  }
-  uint64_t size() const { return size_; }
-
- private:
-  uint64_t size_ = 0;
-};
-
-template <typename T>
-T* At(void* base, uint64_t offset) {
-  return reinterpret_cast<T*>(static_cast<unsigned char*>(base) + offset);
-}
 
 // ||W||^2 of every matrix of the chunk, computed on the device and waited
 // for; NaN/Inf is INVALID_ARGUMENT naming the batch index. Reserves

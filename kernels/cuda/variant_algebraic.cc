@@ -12,8 +12,6 @@
 namespace rvd::cuda {
 namespace {
 
-using variant_internal::At;
-using variant_internal::Layout;
 
 cudaDataType CudaType(DType d) {
   switch (d) {

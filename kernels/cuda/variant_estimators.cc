@@ -14,9 +14,7 @@
 namespace rvd::cuda {
 namespace {
 
-using variant_internal::At;
 using variant_internal::ChunkTraces;
-using variant_internal::Layout;
 using variant_internal::PutHostResults;
 
 // Row-major r x c <-> column-major r x c.

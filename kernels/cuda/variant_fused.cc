@@ -9,7 +9,6 @@
 namespace rvd::cuda {
 namespace {
 
-using variant_internal::At;
 
 class FusedVariant : public Variant {
  public:

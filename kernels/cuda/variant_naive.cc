@@ -11,9 +11,7 @@
 namespace rvd::cuda {
 namespace {
 
-using variant_internal::At;
 using variant_internal::ChunkTraces;
-using variant_internal::Layout;
 using variant_internal::PutHostResults;
 
 class NaiveVariant : public Variant {
