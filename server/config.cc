@@ -200,6 +200,8 @@ const KeyReader kKeys[] = {
     {"cuda_streams", &Config::cuda_streams, "CUDA stream pool size (>= 1)"},
     {"cuda_max_device_bytes", &Config::cuda_max_device_bytes,
      "device memory rvd may hold (>= 64 MiB)"},
+    {"cuda_max_sms", &Config::cuda_max_sms,
+     "most SMs fused v4's persistent grid occupies, leaving the rest to a trainer (0: all)"},
 };
 
 const KeyReader* FindKey(const std::string& name) {
@@ -380,6 +382,9 @@ absl::Status ValidateConfig(const Config& config) {
   }
   if (config.cuda_streams < 1) {
     errors.push_back("config key 'cuda_streams': must be >= 1");
+  }
+  if (config.cuda_max_sms < 0) {
+    errors.push_back("config key 'cuda_max_sms': must be >= 0 (0: every SM)");
   }
   if (config.cuda_max_device_bytes < (64ull << 20)) {
     errors.push_back("config key 'cuda_max_device_bytes': must be >= 64 MiB");

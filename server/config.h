@@ -43,6 +43,7 @@ struct Config {
   int cuda_device = 0;              // CUDA device ordinal
   int cuda_streams = 4;             // CUDA stream pool size
   uint64_t cuda_max_device_bytes = 4ull << 30;  // device memory rvd may hold
+  int cuda_max_sms = 0;  // SMs rvd's persistent kernels may occupy; 0: all
 };
 
 // Parses YAML text. Unknown keys and ill-typed values are INVALID_ARGUMENT

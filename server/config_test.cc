@@ -160,6 +160,7 @@ TEST(ConfigTest, BadValuesFailValidation) {
       {"default_variant: magic", "default_variant"},
       {"cuda_device: -1", "cuda_device"},
       {"cuda_streams: 0", "cuda_streams"},
+      {"cuda_max_sms: -1", "cuda_max_sms"},
       {"cuda_max_device_bytes: 1024", "cuda_max_device_bytes"},
       {"log_level: verbose", "log_level"},
       {"log_level: INFO", "log_level"},
