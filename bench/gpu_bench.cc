@@ -92,48 +92,13 @@ namespace {
   } while (0)
 
 
-// rows x cols, row-major float: sum over q components of s_c u_c v_c^T with
-// Gaussian u, v (nearly orthogonal in high dimension) plus a small Gaussian
-// floor. Power-law s_c = (c+1)^-0.7; flat s_c = 1 (q = n); rank-1 q = 1.
-std::vector<float> MakeBenchMatrix(std::mt19937_64& rng, int64_t rows,
-                                   int64_t cols, Spectrum spec) {
-  std::normal_distribution<float> normal;
-  std::vector<float> w(static_cast<size_t>(rows * cols));
-  if (spec == Spectrum::kGaussian) {
-    for (float& x : w) x = normal(rng);
-    return w;
-  }
-  const int64_t n = std::min(rows, cols);
-  const int64_t q = spec == Spectrum::kRankOne ? 1 : std::min<int64_t>(n, 64);
-  std::vector<float> u(static_cast<size_t>(rows)), v(static_cast<size_t>(cols));
-  for (int64_t c = 0; c < q; ++c) {
-    const float s = spec == Spectrum::kFlat ? 1.0f : std::pow(float(c + 1), -0.7f);
-    for (float& x : u) x = normal(rng);
-    for (float& x : v) x = normal(rng) * s;
-    for (int64_t i = 0; i < rows; ++i) {
-      float* wr = &w[i * cols];
-      for (int64_t j = 0; j < cols; ++j) wr[j] += u[i] * v[j];
-    }
-  }
-  const float floor = spec == Spectrum::kRankOne ? 0.0f : 0.05f;
-  if (floor > 0) {
-    for (float& x : w) x += floor * normal(rng);
-  }
-  return w;
-}
-
-std::vector<uint8_t> Encode(const std::vector<float>& w, DType dt) {
-  const size_t es = DTypeSize(dt);
-  std::vector<uint8_t> b(w.size() * es);
-  for (size_t i = 0; i < w.size(); ++i) {
-    if (dt == DType::kF32) {
-      std::memcpy(&b[i * 4], &w[i], 4);
-    } else {
-      const uint16_t h = dt == DType::kF16 ? FloatToHalf(w[i]) : FloatToBFloat16(w[i]);
-      std::memcpy(&b[i * 2], &h, 2);
-    }
-  }
-  return b;
+// A benchmark input: the tests' generator (kernels/test_matrices.h), entries
+// of order 1, stored in `dt`.
+std::vector<uint8_t> BenchMatrix(std::mt19937_64& rng, int64_t rows, int64_t cols, Spectrum sp,
+                                 DType dt) {
+  return Store(MakeMatrix(rng, rows, cols, sp, /*scale=*/1.0), rows, cols, dt, /*pad=*/0,
+               SpectrumName(sp))
+      .bytes;
 }
 
 double Median(std::vector<double> v) {
@@ -184,7 +149,7 @@ int Build(const Case& c, std::mt19937_64& rng, Inputs* in, bool oracle = true) {
   std::vector<std::vector<uint8_t>> host;
   for (int d = 0; d < in->distinct; ++d) {
     const Spectrum sp = d % 4 == 3 ? Spectrum::kGaussian : Spectrum::kPowerLaw;
-    host.push_back(Encode(MakeBenchMatrix(rng, c.rows, c.cols, sp), c.dtype));
+    host.push_back(BenchMatrix(rng, c.rows, c.cols, sp, c.dtype));
     const MatrixView hv{host.back().data(), c.rows, c.cols, c.cols, c.dtype};
     if (!oracle) continue;
     absl::StatusOr<double> pr = OraclePR(hv);
@@ -572,7 +537,7 @@ int ABAccuracy(cudaStream_t stream, std::mt19937_64& rng, nlohmann::json* acc, b
         std::vector<MatrixView> views;
         std::vector<double> ref;
         for (int i = 0; i < 4; ++i) {
-          const std::vector<uint8_t> host = Encode(MakeBenchMatrix(rng, rows, cols, sp), dt);
+          const std::vector<uint8_t> host = BenchMatrix(rng, rows, cols, sp, dt);
           const MatrixView hv{host.data(), rows, cols, cols, dt};
           absl::StatusOr<double> pr = OraclePR(hv);
           if (!pr.ok()) return 1;
@@ -1244,7 +1209,7 @@ int Main(int argc, char** argv) {
     std::vector<MatrixView> views;
     std::vector<double> ref;
     for (int i = 0; i < (quick ? 8 : 24); ++i) {
-      mats.push_back(Encode(MakeBenchMatrix(rng, 128, 1024, sp), DType::kF32));
+      mats.push_back(BenchMatrix(rng, 128, 1024, sp, DType::kF32));
     }
     for (auto& m : mats) {
       views.push_back(MatrixView{m.data(), 128, 1024, 1024, DType::kF32});

@@ -5,7 +5,7 @@
 //   rvctl history ID [--limit N] [--json|--csv]
 //   rvctl latest ID [--json]
 //   rvctl models [--json]
-//   rvctl watch [ID] [--json]
+//   rvctl watch [ID] [--after SEQ] [--json]
 //
 // PATH is a Hugging Face model directory or one .safetensors file (then
 // --arch and the head flags). Exit status: 0 on success, 1 when rvd or the
@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,9 @@ ABSL_FLAG(std::string, architectures, "",
           "YAML architecture table (default: the built-in "
           "config/architectures.yaml)");
 ABSL_FLAG(uint32_t, limit, 0, "history: newest N measurements (0: all kept)");
+ABSL_FLAG(int64_t, after, -1,
+          "watch: first the kept measurements with sequence > SEQ (0: all "
+          "kept), then new ones; -1: new ones only");
 ABSL_FLAG(bool, json, false, "print JSON");
 ABSL_FLAG(bool, csv, false, "history: print CSV");
 
@@ -119,6 +123,7 @@ json ToJson(const Measurement& m) {
   return json{
       {"model_id", m.model_id()},
       {"step", m.step()},
+      {"sequence", m.sequence()},
       {"rv", m.has_rv() ? json(m.rv()) : json(nullptr)},
       {"per_layer_pr", per_layer},
       {"per_head_pr", per_head},
@@ -142,8 +147,10 @@ std::string RvText(const Measurement& m) {
 }
 
 void PrintText(const Measurement& m) {
-  std::printf("model %s step %lld at %s\n", m.model_id().c_str(),
-              static_cast<long long>(m.step()), Timestamp(m).c_str());
+  std::printf("model %s step %lld at %s (sequence %llu)\n",
+              m.model_id().c_str(), static_cast<long long>(m.step()),
+              Timestamp(m).c_str(),
+              static_cast<unsigned long long>(m.sequence()));
   std::printf("R_V %s  (variant %s, backend %s, engine %s, %.3f ms)\n",
               RvText(m).c_str(), m.variant().c_str(), m.backend().c_str(),
               m.engine_version().c_str(), m.elapsed_ms());
@@ -265,19 +272,22 @@ int History(rvd::RvdClient& client, const std::string& model_id) {
     for (const Measurement& m : *ms) all.push_back(ToJson(m));
     std::cout << all.dump() << std::endl;
   } else if (absl::GetFlag(FLAGS_csv)) {
-    std::printf("model_id,step,timestamp,rv,variant,backend,elapsed_ms\n");
+    std::printf(
+        "model_id,step,timestamp,rv,variant,backend,elapsed_ms,sequence\n");
     for (const Measurement& m : *ms) {
-      std::printf("%s,%lld,%s,%s,%s,%s,%.6f\n", m.model_id().c_str(),
+      std::printf("%s,%lld,%s,%s,%s,%s,%.6f,%llu\n", m.model_id().c_str(),
                   static_cast<long long>(m.step()), Timestamp(m).c_str(),
                   m.has_rv() ? std::to_string(m.rv()).c_str() : "",
-                  m.variant().c_str(), m.backend().c_str(), m.elapsed_ms());
+                  m.variant().c_str(), m.backend().c_str(), m.elapsed_ms(),
+                  static_cast<unsigned long long>(m.sequence()));
     }
   } else {
     for (const Measurement& m : *ms) {
-      std::printf("%s  step %-10lld R_V %-12s %s/%s %.3f ms\n",
-                  Timestamp(m).c_str(), static_cast<long long>(m.step()),
-                  RvText(m).c_str(), m.variant().c_str(), m.backend().c_str(),
-                  m.elapsed_ms());
+      std::printf("%s  seq %-8llu step %-10lld R_V %-12s %s/%s %.3f ms\n",
+                  Timestamp(m).c_str(),
+                  static_cast<unsigned long long>(m.sequence()),
+                  static_cast<long long>(m.step()), RvText(m).c_str(),
+                  m.variant().c_str(), m.backend().c_str(), m.elapsed_ms());
     }
   }
   return 0;
@@ -306,6 +316,56 @@ int Models(rvd::RvdClient& client) {
   return 0;
 }
 
+const char* GapReasonText(rvd::v1::GapReason r) {
+  switch (r) {
+    case rvd::v1::GAP_REASON_SLOW_CONSUMER:
+      return "slow_consumer";
+    case rvd::v1::GAP_REASON_NOT_RETAINED:
+      return "not_retained";
+    default:
+      return "unspecified";
+  }
+}
+
+// Prints each event as it comes: a measurement as `measure` prints one, a
+// gap as a line of its own ({"gap": {...}} with --json), so that a reader
+// of the output knows exactly what it did not see.
+int Watch(rvd::RvdClient& client, const std::string& model_id) {
+  const int64_t after = absl::GetFlag(FLAGS_after);
+  if (after < -1) return Usage("--after takes a sequence number >= 0");
+  std::optional<uint64_t> cursor;
+  if (after >= 0) cursor = static_cast<uint64_t>(after);
+  absl::Status s =
+      client.Watch(model_id, cursor, [](const rvd::v1::WatchEvent& e) {
+        if (e.has_measurement()) {
+          PrintMeasurement(e.measurement());
+        } else if (e.has_gap()) {
+          const rvd::v1::Gap& g = e.gap();
+          if (absl::GetFlag(FLAGS_json)) {
+            std::cout << json{{"gap",
+                               {{"first_sequence", g.first_sequence()},
+                                {"last_sequence", g.last_sequence()},
+                                {"missed", g.missed()},
+                                {"reason", GapReasonText(g.reason())}}}}
+                             .dump()
+                      << std::endl;
+          } else {
+            std::printf(
+                "gap: sequence %llu..%llu not delivered (%s, %llu missed); "
+                "--after %llu fetches what rvd still keeps\n",
+                static_cast<unsigned long long>(g.first_sequence()),
+                static_cast<unsigned long long>(g.last_sequence()),
+                GapReasonText(g.reason()),
+                static_cast<unsigned long long>(g.missed()),
+                static_cast<unsigned long long>(g.first_sequence() - 1));
+          }
+        }
+        std::fflush(stdout);
+        return true;
+      });
+  return s.ok() ? 0 : Fail(s);
+}
+
 // Lets users write --model-id as well as --model_id: absl flag names are
 // identifiers, the CLI convention is dashes.
 std::vector<char*> DashesToUnderscores(int argc, char** argv) {
@@ -329,7 +389,7 @@ int main(int argc, char** argv) {
       "  rvctl history ID [--limit N] [--json|--csv]\n"
       "  rvctl latest ID [--json]\n"
       "  rvctl models [--json]\n"
-      "  rvctl watch [ID] [--json]");
+      "  rvctl watch [ID] [--after SEQ] [--json]");
   std::vector<char*> args = DashesToUnderscores(argc, argv);
   std::vector<char*> positional =
       absl::ParseCommandLine(args.size(), args.data());
@@ -355,13 +415,6 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (command == "models") return Models(client);
-  if (command == "watch") {
-    absl::Status s = client.Watch(arg, [](const Measurement& m) {
-      PrintMeasurement(m);
-      std::fflush(stdout);
-      return true;
-    });
-    return s.ok() ? 0 : Fail(s);
-  }
+  if (command == "watch") return Watch(client, arg);
   return Usage("unknown command '" + command + "'");
 }

@@ -1,132 +1,126 @@
-// Per-model history of measurements: a bounded ring buffer per model, and
-// subscriptions for WatchMeasurements.
+// History ties the measurement log, the index and the event bus together:
+// it is what the service stores measurements into and watches through.
 //
-// History and Subscription are thread-safe: any thread may call any member.
-// History::Add appends to the model's ring and pushes to the matching
-// subscriptions under one lock, so every watcher sees a model's measurements
-// in the same order as GetHistory. Lock order: History::mu_, then
-// Subscription::mu_; a Subscription never calls back into History.
+//   Add:   index.Reserve -> log.Append (assigns the sequence number; may be
+//          slow) -> index.Insert -> bus.Publish, under append_mu_ only, so
+//          that the index and every watcher receive entries in sequence
+//          order while readers (GetLatest, GetHistory, ListModels, a
+//          scrape) take nothing but the index's short lock.
+//   Subscribe: a cursor over the log (entries after a resume point that are
+//          still retained) followed by a bus subscription (live entries),
+//          joined without a gap or a duplicate.
+//
+// Thread-safe: any thread may call any member.
 #ifndef RVD_SERVER_HISTORY_H_
 #define RVD_SERVER_HISTORY_H_
 
+#include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
-#include "rvd/v1/rvd.pb.h"
+#include "server/event_bus.h"
+#include "server/measurement_index.h"
+#include "server/measurement_log.h"
 
 namespace rvd {
 
-// A fixed-capacity ring of measurements, oldest first. Not thread-safe on its
-// own; History guards it.
-class MeasurementRing {
+// One watch stream's source of events: first the retained log entries after
+// its resume cursor, then what the bus delivers live. Not thread-safe: one
+// consumer (a watch stream) calls Next; the notify callback given to
+// History::Subscribe may run on other threads meanwhile.
+class Watch {
  public:
-  // A capacity of 0 is taken as 1. Slots are allocated as they fill, so an
-  // idle model costs nothing near capacity * sizeof(Measurement).
-  explicit MeasurementRing(size_t capacity);
-  void Push(rvd::v1::Measurement m);  // drops the oldest when full
-  size_t size() const { return size_; }
-  size_t capacity() const { return capacity_; }
-  // The newest `limit` (0: all), oldest first.
-  std::vector<rvd::v1::Measurement> Newest(size_t limit) const;
-  // The newest, or nullptr when empty. Valid until the next Push.
-  const rvd::v1::Measurement* Latest() const;
-  // Measurements ever pushed (size() stops at capacity()).
-  uint64_t total_pushed() const { return total_pushed_; }
+  // Log entries read per page while replaying.
+  static constexpr size_t kReplayPage = 64;
+
+  ~Watch();  // unsubscribes; notify is not running once it returns
+
+  Watch(const Watch&) = delete;
+  Watch& operator=(const Watch&) = delete;
+
+  // The next event, or nullopt when none is available now (the notify
+  // callback runs when a live one arrives). Errors come from the log.
+  absl::StatusOr<std::optional<BusEvent>> Next();
+  // True once the bus is closed (shutdown): the stream should end.
+  bool closed() const { return sub_->closed(); }
+  // The newest sequence number this watch has passed (delivered, skipped as
+  // another model's, or reported in a gap); a client resumes after it.
+  uint64_t cursor() const { return cursor_; }
+  // Stops notify callbacks now (also done by the destructor): after it
+  // returns, the callback is not running and never runs again.
+  void Detach();
 
  private:
-  size_t capacity_;                          // most measurements kept
-  std::vector<rvd::v1::Measurement> slots_;  // grows to capacity_, then reused
-  size_t next_ = 0;                          // slot the next Push writes
-  size_t size_ = 0;                          // filled slots
-  uint64_t total_pushed_ = 0;                // Push calls so far
-};
+  friend class History;
+  Watch(const MeasurementLog& log, EventBus& bus,
+        std::shared_ptr<BusSubscription> sub, uint64_t after,
+        uint64_t through);
 
-// A queue a watcher drains; History pushes into it. Thread-safe.
-//
-// The queue is bounded: when a watcher falls `max_queued` measurements behind,
-// Push drops the oldest queued one (and counts it in dropped()), so a slow or
-// stuck client cannot grow the daemon's memory without limit.
-class Subscription {
- public:
-  static constexpr size_t kDefaultMaxQueued = 1024;
-
-  explicit Subscription(std::string model_id,
-                        size_t max_queued = kDefaultMaxQueued)
-      : model_id_(std::move(model_id)),
-        max_queued_(max_queued < 1 ? 1 : max_queued) {}
-  const std::string& model_id() const { return model_id_; }
-  // Whether this subscription wants measurements of `model_id`.
-  bool Matches(const std::string& model_id) const {
-    return model_id_.empty() || model_id_ == model_id;
-  }
-  // Waits up to `timeout` for the next measurement; nullopt on timeout or
-  // after Close() (measurements still queued at Close() are discarded).
-  // Use closed() to tell the two apart.
-  std::optional<rvd::v1::Measurement> Next(absl::Duration timeout);
-  // Queues `m` and wakes a waiting Next(); a no-op after Close().
-  void Push(const rvd::v1::Measurement& m);
-  // Wakes every waiting Next(); later calls of Next() return nullopt at once.
-  void Close();
-  bool closed() const;
-  // Measurements dropped because the queue was full.
-  uint64_t dropped() const;
-
- private:
-  const std::string model_id_;  // empty: every model
-  const size_t max_queued_;     // longest queue_; Push drops the oldest beyond
-  mutable absl::Mutex mu_;
-  std::deque<rvd::v1::Measurement> queue_ ABSL_GUARDED_BY(mu_);
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;  // oldest entries dropped
+  const MeasurementLog& log_;
+  EventBus& bus_;
+  const std::shared_ptr<BusSubscription> sub_;
+  uint64_t cursor_;                 // see cursor()
+  const uint64_t replay_through_;  // the log's last sequence at Subscribe
+  std::vector<MeasurementLog::Entry> page_;  // replay entries read ahead
+  size_t page_next_ = 0;                     // next of page_ to consider
 };
 
 class History {
  public:
-  // `capacity_per_model` and `max_models` below 1 are taken as 1.
-  History(size_t capacity_per_model, size_t max_models);
-  ~History();  // closes every subscription
+  struct Options {
+    size_t capacity_per_model = 1000;  // ring size per model (at least 1)
+    size_t max_models = 10000;         // distinct model ids (at least 1)
+    size_t max_watchers = 64;          // concurrent watches
+    size_t watch_queue = 1024;         // measurements queued per watcher
+  };
+  History(std::unique_ptr<MeasurementLog> log, const Options& options);
+  ~History();  // closes every watch
 
   History(const History&) = delete;
   History& operator=(const History&) = delete;
 
-  // Appends and pushes `m` to the matching subscriptions. INVALID_ARGUMENT for
-  // an empty model_id; RESOURCE_EXHAUSTED when this is a new model and
-  // max_models are already kept.
-  absl::Status Add(const rvd::v1::Measurement& m);
-  std::optional<rvd::v1::Measurement> Latest(const std::string& model_id) const;
-  // NOT_FOUND for an unknown model.
-  absl::StatusOr<std::vector<rvd::v1::Measurement>> Get(
-      const std::string& model_id, size_t limit) const;
-  std::vector<rvd::v1::ModelSummary> Models() const;  // sorted by id
+  // Logs `m` (the log sets its sequence number), indexes it and publishes
+  // it; returns the stored entry. INVALID_ARGUMENT for an empty model_id,
+  // RESOURCE_EXHAUSTED when the model is new and max_models are kept, or
+  // the log's error; on error nothing is stored or published.
+  absl::StatusOr<MeasurementLog::Entry> Add(rvd::v1::Measurement m);
 
-  // A watcher of `model_id` ("": every model). It sees measurements added
-  // after this call. After CloseAllSubscriptions() the returned subscription
-  // is already closed.
-  std::shared_ptr<Subscription> Subscribe(const std::string& model_id);
-  // Stops pushing to `sub` and closes it. Safe to call twice.
-  void Unsubscribe(const std::shared_ptr<Subscription>& sub);
-  void CloseAllSubscriptions();  // on shutdown: wakes every watcher
-  size_t num_subscriptions() const;
+  // A watch of `model_id` ("": every model). Without `after_sequence` it
+  // sees only measurements added after this call; with it, first the
+  // retained measurements whose sequence is above it (oldest first, a
+  // kNotRetained gap for those the log no longer has), then live ones.
+  // `notify` is called, possibly on another thread, when a live event is
+  // ready or the watch is closed; it must not block or destroy the Watch.
+  // OUT_OF_RANGE when after_sequence is above the newest sequence number
+  // (a cursor from another run of rvd, whose in-memory log restarted);
+  // RESOURCE_EXHAUSTED beyond max_watchers; UNAVAILABLE after CloseWatches.
+  absl::StatusOr<std::unique_ptr<Watch>> Subscribe(
+      const std::string& model_id, std::optional<uint64_t> after_sequence,
+      std::function<void()> notify);
+  // On shutdown: closes every watch (their notify callbacks run) and
+  // refuses new ones.
+  void CloseWatches();
+
+  const MeasurementIndex& index() const { return index_; }
+  const EventBus& bus() const { return bus_; }
+  const MeasurementLog& log() const { return *log_; }
 
  private:
-  const size_t capacity_per_model_;  // ring capacity of each model
-  const size_t max_models_;          // most distinct model ids kept
-  mutable absl::Mutex mu_;
-  std::map<std::string, MeasurementRing> rings_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<Subscription>> subs_ ABSL_GUARDED_BY(mu_);
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;  // CloseAllSubscriptions() ran
+  // Serializes Add (the log's order is the index's and the bus's) and
+  // makes Watch's log position and bus subscription one atomic step.
+  // Readers of the index never take it.
+  absl::Mutex append_mu_;
+  const std::unique_ptr<MeasurementLog> log_;
+  MeasurementIndex index_;
+  EventBus bus_;
 };
 
 }  // namespace rvd

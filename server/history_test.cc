@@ -1,424 +1,296 @@
 #include "server/history.h"
 
 #include <atomic>
-#include <map>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
+#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace rvd {
 namespace {
 
+using Entry = MeasurementLog::Entry;
+using ::testing::ElementsAre;
+
 rvd::v1::Measurement Make(const std::string& model, int64_t step) {
   rvd::v1::Measurement m;
   m.set_model_id(model);
   m.set_step(step);
-  m.set_rv(0.5 + 1e-6 * static_cast<double>(step));
   return m;
 }
 
-std::vector<int64_t> Steps(const std::vector<rvd::v1::Measurement>& ms) {
-  std::vector<int64_t> steps;
-  for (const auto& m : ms) steps.push_back(m.step());
-  return steps;
+History::Options Opts(size_t capacity = 100, size_t max_models = 16,
+                      size_t max_watchers = 8, size_t watch_queue = 1024) {
+  return History::Options{capacity, max_models, max_watchers, watch_queue};
 }
 
-// The steps first..last inclusive.
-std::vector<int64_t> Range(int64_t first, int64_t last) {
-  std::vector<int64_t> r;
-  for (int64_t s = first; s <= last; ++s) r.push_back(s);
-  return r;
-}
-
-TEST(MeasurementRingTest, Empty) {
-  MeasurementRing ring(4);
-  EXPECT_EQ(ring.size(), 0u);
-  EXPECT_EQ(ring.capacity(), 4u);
-  EXPECT_EQ(ring.Latest(), nullptr);
-  EXPECT_TRUE(ring.Newest(0).empty());
-  EXPECT_TRUE(ring.Newest(3).empty());
-}
-
-TEST(MeasurementRingTest, ZeroCapacityIsOne) {
-  MeasurementRing ring(0);
-  EXPECT_EQ(ring.capacity(), 1u);
-  ring.Push(Make("m", 1));
-  ring.Push(Make("m", 2));
-  EXPECT_EQ(Steps(ring.Newest(0)), std::vector<int64_t>({2}));
-}
-
-TEST(MeasurementRingTest, CapacityOne) {
-  MeasurementRing ring(1);
-  for (int64_t s = 1; s <= 50; ++s) {
-    ring.Push(Make("m", s));
-    ASSERT_EQ(ring.size(), 1u);
-    ASSERT_NE(ring.Latest(), nullptr);
-    EXPECT_EQ(ring.Latest()->step(), s);
-    EXPECT_EQ(Steps(ring.Newest(0)), std::vector<int64_t>({s}));
-    EXPECT_EQ(Steps(ring.Newest(1)), std::vector<int64_t>({s}));
-    EXPECT_EQ(Steps(ring.Newest(7)), std::vector<int64_t>({s}));
-  }
-  EXPECT_EQ(ring.total_pushed(), 50u);
-}
-
-// After every push, for every capacity and every limit, the ring holds
-// exactly the newest min(pushed, capacity) steps in order.
-TEST(MeasurementRingTest, WrapsAroundManyTimes) {
-  for (size_t capacity : {2u, 3u, 5u, 8u, 13u}) {
-    MeasurementRing ring(capacity);
-    const int64_t pushes = static_cast<int64_t>(capacity) * 11 + 3;
-    for (int64_t s = 1; s <= pushes; ++s) {
-      ring.Push(Make("m", s));
-      const size_t kept = std::min<size_t>(s, capacity);
-      ASSERT_EQ(ring.size(), kept);
-      ASSERT_EQ(ring.Latest()->step(), s);
-      ASSERT_EQ(Steps(ring.Newest(0)),
-                Range(s - static_cast<int64_t>(kept) + 1, s))
-          << "capacity " << capacity << " step " << s;
-      for (size_t limit = 1; limit <= capacity + 2; ++limit) {
-        const size_t n = std::min(limit, kept);
-        ASSERT_EQ(Steps(ring.Newest(limit)),
-                  Range(s - static_cast<int64_t>(n) + 1, s))
-            << "capacity " << capacity << " step " << s << " limit " << limit;
-      }
+// Reads every event available now, as text: "a3" for model a's measurement
+// with sequence 3, "gap 4-6" for a gap.
+std::vector<std::string> Drain(Watch& w) {
+  std::vector<std::string> out;
+  while (true) {
+    absl::StatusOr<std::optional<BusEvent>> e = w.Next();
+    EXPECT_TRUE(e.ok()) << e.status();
+    if (!e.ok() || !e->has_value()) return out;
+    if (const auto* m = std::get_if<Entry>(&**e)) {
+      out.push_back(absl::StrCat((*m)->model_id(), (*m)->sequence()));
+    } else {
+      const GapMarker& g = std::get<GapMarker>(**e);
+      out.push_back(absl::StrCat(
+          g.reason == GapMarker::Reason::kNotRetained ? "expired " : "gap ",
+          g.first_sequence, "-", g.last_sequence));
     }
   }
 }
 
-TEST(MeasurementRingTest, OverwrittenSlotsHoldNewContent) {
-  MeasurementRing ring(2);
-  rvd::v1::Measurement big = Make("m", 1);
-  for (int i = 0; i < 10; ++i) big.add_warnings("w");
-  ring.Push(big);
-  ring.Push(Make("m", 2));
-  ring.Push(Make("m", 3));  // overwrites the slot of step 1
-  auto all = ring.Newest(0);
-  ASSERT_EQ(all.size(), 2u);
-  EXPECT_EQ(all[0].step(), 2);
-  EXPECT_EQ(all[1].step(), 3);
-  EXPECT_EQ(all[1].warnings_size(), 0);
+std::unique_ptr<Watch> MustWatch(History& h, const std::string& model,
+                                 std::optional<uint64_t> after,
+                                 std::function<void()> notify = {}) {
+  absl::StatusOr<std::unique_ptr<Watch>> w =
+      h.Subscribe(model, after, std::move(notify));
+  EXPECT_TRUE(w.ok()) << w.status();
+  return w.ok() ? *std::move(w) : nullptr;
 }
 
-TEST(HistoryTest, GetUnknownIsNotFound) {
-  History h(10, 10);
-  auto got = h.Get("nope", 0);
-  ASSERT_FALSE(got.ok());
-  EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_FALSE(h.Latest("nope").has_value());
-  EXPECT_TRUE(h.Models().empty());
+TEST(HistoryTest, AddAssignsSequenceNumbersInOrderOverAllModels) {
+  History h(NewMemLog(100), Opts());
+  std::vector<uint64_t> seqs;
+  for (const char* id : {"a", "b", "a", "c", "b"}) {
+    absl::StatusOr<Entry> e = h.Add(Make(id, 7));
+    ASSERT_TRUE(e.ok()) << e.status();
+    seqs.push_back((*e)->sequence());
+  }
+  EXPECT_THAT(seqs, ElementsAre(1, 2, 3, 4, 5));
+  EXPECT_EQ(h.index().Latest("a")->sequence(), 3u);
+  EXPECT_EQ(h.index().Latest("b")->sequence(), 5u);
+  EXPECT_EQ(h.log().LastSequence(), 5u);
+  // The index holds the log's entries, not copies.
+  EXPECT_EQ(h.index().Latest("c").get(), h.log().Read(3, 4, 1)->at(0).get());
 }
 
-TEST(HistoryTest, EmptyModelIdIsRejected) {
-  History h(10, 10);
-  EXPECT_EQ(h.Add(Make("", 1)).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(h.Models().empty());
+TEST(HistoryTest, RefusedMeasurementsUseNoSequenceNumber) {
+  History h(NewMemLog(100), Opts(10, /*max_models=*/1));
+  EXPECT_EQ(h.Add(Make("", 1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_EQ((*h.Add(Make("a", 1)))->sequence(), 1u);
+  absl::StatusOr<Entry> refused = h.Add(Make("b", 1));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ((*h.Add(Make("a", 2)))->sequence(), 2u);
+  EXPECT_EQ(h.index().Latest("b"), nullptr);
 }
 
-TEST(HistoryTest, AddGetLatest) {
-  History h(3, 10);
-  for (int64_t s = 1; s <= 5; ++s) ASSERT_TRUE(h.Add(Make("a", s)).ok());
-  ASSERT_TRUE(h.Add(Make("b", 100)).ok());
-  auto a = h.Get("a", 0);
-  ASSERT_TRUE(a.ok());
-  EXPECT_EQ(Steps(*a), std::vector<int64_t>({3, 4, 5}));
-  EXPECT_EQ(Steps(*h.Get("a", 2)), std::vector<int64_t>({4, 5}));
-  EXPECT_EQ(Steps(*h.Get("a", 99)), std::vector<int64_t>({3, 4, 5}));
-  EXPECT_EQ(h.Latest("a")->step(), 5);
-  EXPECT_EQ(h.Latest("b")->step(), 100);
+// A log whose Append fails: nothing is indexed or published.
+class FailingLog final : public MeasurementLog {
+ public:
+  absl::StatusOr<Entry> Append(rvd::v1::Measurement) override {
+    return absl::DataLossError("disk full");
+  }
+  uint64_t LastSequence() const override { return 0; }
+  absl::StatusOr<std::vector<Entry>> Read(uint64_t, uint64_t,
+                                          size_t) const override {
+    return std::vector<Entry>();
+  }
+};
+
+TEST(HistoryTest, LogFailureStoresAndPublishesNothing) {
+  History h(std::make_unique<FailingLog>(), Opts());
+  std::unique_ptr<Watch> w = MustWatch(h, "", std::nullopt);
+  EXPECT_EQ(h.Add(Make("a", 1)).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(h.index().Latest("a"), nullptr);
+  EXPECT_TRUE(h.index().Models().empty());
+  EXPECT_TRUE(Drain(*w).empty());
 }
 
-TEST(HistoryTest, ModelsSortedWithCountsAndLatest) {
-  History h(4, 10);
-  for (int64_t s = 1; s <= 6; ++s) ASSERT_TRUE(h.Add(Make("zeta", s)).ok());
-  ASSERT_TRUE(h.Add(Make("alpha", 7)).ok());
-  ASSERT_TRUE(h.Add(Make("mid", 8)).ok());
-  ASSERT_TRUE(h.Add(Make("mid", 9)).ok());
-  auto models = h.Models();
-  ASSERT_EQ(models.size(), 3u);
-  EXPECT_EQ(models[0].model_id(), "alpha");
-  EXPECT_EQ(models[0].measurements(), 1u);
-  EXPECT_EQ(models[0].latest().step(), 7);
-  EXPECT_EQ(models[1].model_id(), "mid");
-  EXPECT_EQ(models[1].measurements(), 2u);
-  EXPECT_EQ(models[1].latest().step(), 9);
-  EXPECT_EQ(models[2].model_id(), "zeta");
-  EXPECT_EQ(models[2].measurements(), 4u);  // capacity
-  EXPECT_EQ(models[2].latest().step(), 6);
-  EXPECT_EQ(models[2].latest().model_id(), "zeta");
-}
-
-TEST(HistoryTest, MaxModelsRefusesNewModelsOnly) {
-  History h(5, 2);
+TEST(HistoryTest, LiveWatchSeesOnlyLaterMeasurementsOfItsModel) {
+  History h(NewMemLog(100), Opts());
   ASSERT_TRUE(h.Add(Make("a", 1)).ok());
-  ASSERT_TRUE(h.Add(Make("b", 1)).ok());
-  absl::Status s = h.Add(Make("c", 1));
-  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("c"));
-  EXPECT_TRUE(h.Add(Make("a", 2)).ok());  // known models still accepted
-  EXPECT_TRUE(h.Add(Make("b", 2)).ok());
-  EXPECT_EQ(h.Models().size(), 2u);
-  EXPECT_EQ(h.Get("c", 0).status().code(), absl::StatusCode::kNotFound);
-}
-
-TEST(SubscriptionTest, NextTimesOut) {
-  Subscription sub("m");
-  const absl::Time start = absl::Now();
-  EXPECT_FALSE(sub.Next(absl::Milliseconds(20)).has_value());
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(15));
-  EXPECT_FALSE(sub.closed());
-}
-
-TEST(SubscriptionTest, BoundedQueueDropsOldest) {
-  Subscription sub("", 4);
-  for (int64_t s = 1; s <= 10; ++s) sub.Push(Make("m", s));
-  EXPECT_EQ(sub.dropped(), 6u);
-  std::vector<int64_t> got;
-  while (auto m = sub.Next(absl::ZeroDuration())) got.push_back(m->step());
-  EXPECT_EQ(got, std::vector<int64_t>({7, 8, 9, 10}));
-}
-
-TEST(SubscriptionTest, DefaultQueueIsBounded) {
-  Subscription sub("");
-  const size_t n = Subscription::kDefaultMaxQueued + 100;
-  for (size_t s = 1; s <= n; ++s) sub.Push(Make("m", s));
-  EXPECT_EQ(sub.dropped(), 100u);
-  auto first = sub.Next(absl::ZeroDuration());
-  ASSERT_TRUE(first.has_value());
-  EXPECT_EQ(first->step(), 101);
-}
-
-TEST(SubscriptionTest, CloseWakesAWaiter) {
-  Subscription sub("m");
-  std::atomic<bool> returned{false};
-  std::thread waiter([&] {
-    EXPECT_FALSE(sub.Next(absl::Seconds(30)).has_value());
-    returned = true;
-  });
-  absl::SleepFor(absl::Milliseconds(20));
-  EXPECT_FALSE(returned.load());
-  const absl::Time start = absl::Now();
-  sub.Close();
-  waiter.join();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
-  EXPECT_TRUE(sub.closed());
-  sub.Push(Make("m", 1));  // ignored after Close
-  EXPECT_FALSE(sub.Next(absl::ZeroDuration()).has_value());
-}
-
-TEST(HistoryTest, WatchersSeeTheirModels) {
-  History h(10, 10);
-  auto all = h.Subscribe("");
-  auto only_a = h.Subscribe("a");
-  auto only_c = h.Subscribe("c");
-  ASSERT_TRUE(h.Add(Make("a", 1)).ok());
+  std::unique_ptr<Watch> all = MustWatch(h, "", std::nullopt);
+  std::unique_ptr<Watch> b = MustWatch(h, "b", std::nullopt);
+  EXPECT_EQ(all->cursor(), 1u);
   ASSERT_TRUE(h.Add(Make("b", 2)).ok());
   ASSERT_TRUE(h.Add(Make("a", 3)).ok());
-
-  std::vector<std::string> seen;
-  while (auto m = all->Next(absl::ZeroDuration())) {
-    seen.push_back(absl::StrCat(m->model_id(), m->step()));
-  }
-  EXPECT_EQ(seen, std::vector<std::string>({"a1", "b2", "a3"}));
-  seen.clear();
-  while (auto m = only_a->Next(absl::ZeroDuration())) {
-    seen.push_back(absl::StrCat(m->model_id(), m->step()));
-  }
-  EXPECT_EQ(seen, std::vector<std::string>({"a1", "a3"}));
-  EXPECT_FALSE(only_c->Next(absl::Milliseconds(5)).has_value());
-  EXPECT_FALSE(only_c->closed());
+  EXPECT_THAT(Drain(*all), ElementsAre("b2", "a3"));
+  EXPECT_THAT(Drain(*b), ElementsAre("b2"));
+  EXPECT_EQ(all->cursor(), 3u);
 }
 
-TEST(HistoryTest, WatcherOnlySeesLaterMeasurements) {
-  History h(10, 10);
+TEST(HistoryTest, ResumeCursorReplaysThenGoesLive) {
+  History h(NewMemLog(100), Opts());
+  for (const char* id : {"a", "b", "a", "b", "a"}) ASSERT_TRUE(h.Add(Make(id, 1)).ok());
+  std::unique_ptr<Watch> from0 = MustWatch(h, "", 0);
+  std::unique_ptr<Watch> a_after2 = MustWatch(h, "a", 2);
+  std::unique_ptr<Watch> at_end = MustWatch(h, "", 5);
+  ASSERT_TRUE(h.Add(Make("a", 2)).ok());  // sequence 6, live
+  EXPECT_THAT(Drain(*from0), ElementsAre("a1", "b2", "a3", "b4", "a5", "a6"));
+  EXPECT_THAT(Drain(*a_after2), ElementsAre("a3", "a5", "a6"));
+  EXPECT_THAT(Drain(*at_end), ElementsAre("a6"));
+}
+
+TEST(HistoryTest, ReplaySpansManyPages) {
+  History h(NewMemLog(1000), Opts(1000));
+  const int n = 3 * Watch::kReplayPage + 5;
+  for (int i = 0; i < n; ++i) ASSERT_TRUE(h.Add(Make(i % 4 ? "x" : "y", i)).ok());
+  std::unique_ptr<Watch> w = MustWatch(h, "y", 0);
+  std::vector<std::string> got = Drain(*w);
+  std::vector<std::string> want;
+  for (int i = 0; i < n; i += 4) want.push_back(absl::StrCat("y", i + 1));
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(w->cursor(), static_cast<uint64_t>(n));
+}
+
+TEST(HistoryTest, ACursorOlderThanTheLogGetsANotRetainedGap) {
+  History h(NewMemLog(/*retained=*/3), Opts());
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(h.Add(Make("a", i)).ok());
+  std::unique_ptr<Watch> w = MustWatch(h, "a", 2);
+  EXPECT_THAT(Drain(*w), ElementsAre("expired 3-5", "a6", "a7", "a8"));
+}
+
+TEST(HistoryTest, ACursorAboveTheNewestIsOutOfRange) {
+  History h(NewMemLog(10), Opts());
   ASSERT_TRUE(h.Add(Make("a", 1)).ok());
-  auto sub = h.Subscribe("a");
-  EXPECT_FALSE(sub->Next(absl::ZeroDuration()).has_value());
-  ASSERT_TRUE(h.Add(Make("a", 2)).ok());
-  auto m = sub->Next(absl::ZeroDuration());
-  ASSERT_TRUE(m.has_value());
-  EXPECT_EQ(m->step(), 2);
+  absl::StatusOr<std::unique_ptr<Watch>> w = h.Subscribe("", 2, {});
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE(h.Subscribe("", 1, {}).ok());
 }
 
-TEST(HistoryTest, UnsubscribeStopsAndCloses) {
-  History h(10, 10);
-  auto sub = h.Subscribe("a");
-  EXPECT_EQ(h.num_subscriptions(), 1u);
-  h.Unsubscribe(sub);
-  h.Unsubscribe(sub);  // twice is harmless
-  h.Unsubscribe(nullptr);
-  EXPECT_EQ(h.num_subscriptions(), 0u);
-  EXPECT_TRUE(sub->closed());
-  ASSERT_TRUE(h.Add(Make("a", 1)).ok());
-  EXPECT_FALSE(sub->Next(absl::ZeroDuration()).has_value());
+TEST(HistoryTest, MaxWatchersAndCloseWatches) {
+  History h(NewMemLog(10), Opts(10, 16, /*max_watchers=*/2));
+  std::atomic<int> notified{0};
+  std::unique_ptr<Watch> w1 = MustWatch(h, "", std::nullopt, [&] { ++notified; });
+  std::unique_ptr<Watch> w2 = MustWatch(h, "", std::nullopt);
+  EXPECT_EQ(h.Subscribe("", std::nullopt, {}).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  w2.reset();  // a destroyed watch frees its place
+  std::unique_ptr<Watch> w3 = MustWatch(h, "", std::nullopt);
+  h.CloseWatches();
+  EXPECT_TRUE(w1->closed());
+  EXPECT_TRUE(w3->closed());
+  EXPECT_EQ(notified.load(), 1);
+  EXPECT_EQ(h.Subscribe("", std::nullopt, {}).status().code(),
+            absl::StatusCode::kUnavailable);
 }
 
-TEST(HistoryTest, CloseAllWakesWatchersAndLaterSubscriptionsAreClosed) {
-  History h(10, 10);
-  std::vector<std::shared_ptr<Subscription>> subs;
-  for (const char* id : {"", "a", "b"}) subs.push_back(h.Subscribe(id));
-  std::vector<std::thread> waiters;
-  std::atomic<int> woke{0};
-  for (auto& sub : subs) {
-    waiters.emplace_back([&woke, sub] {
-      while (!sub->closed()) sub->Next(absl::Seconds(30));
-      ++woke;
+TEST(HistoryTest, SlowWatcherGetsAGapAndCanRefetchItFromTheLog) {
+  History h(NewMemLog(100), Opts(100, 16, 8, /*watch_queue=*/2));
+  std::unique_ptr<Watch> w = MustWatch(h, "", std::nullopt);
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(h.Add(Make("a", i)).ok());
+  EXPECT_THAT(Drain(*w), ElementsAre("a1", "a2", "gap 3-6"));
+  // The gap's first sequence - 1 is the cursor that fetches what it skipped.
+  std::unique_ptr<Watch> again = MustWatch(h, "", 2);
+  EXPECT_THAT(Drain(*again), ElementsAre("a3", "a4", "a5", "a6"));
+}
+
+// A watcher subscribes with a cursor while writers add: replay and live
+// join with no gap and no duplicate, whatever the interleaving.
+TEST(HistoryTest, ResumeWhileAddingHasNoGapOrDuplicate) {
+  const unsigned seed = std::random_device{}();
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  for (int round = 0; round < 20; ++round) {
+    History h(NewMemLog(10000), Opts(10000, 16, 8, /*watch_queue=*/10000));
+    constexpr int kWriters = 2;
+    constexpr int kEach = 300;
+    std::vector<std::thread> writers;
+    for (int t = 0; t < kWriters; ++t) {
+      writers.emplace_back([&h, t] {
+        for (int i = 0; i < kEach; ++i) (void)h.Add(Make(absl::StrCat("m", t), i));
+      });
+    }
+    // Subscribe at some point during the writes, from some cursor.
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
+    const uint64_t last = h.log().LastSequence();
+    const uint64_t after = last == 0 ? 0 : rng() % (last + 1);
+    std::unique_ptr<Watch> w = MustWatch(h, "", after);
+    for (std::thread& t : writers) t.join();
+    std::vector<std::string> got = Drain(*w);
+    std::vector<std::string> want;
+    for (uint64_t s = after + 1; s <= kWriters * kEach; ++s) {
+      want.push_back(absl::StrCat((*h.log().Read(s - 1, s, 1))[0]->model_id(), s));
+    }
+    ASSERT_EQ(got, want) << "round " << round << " after " << after;
+  }
+}
+
+// Writers, readers and notify-driven watchers (subscribing and leaving) all
+// at once; then shutdown. Every watcher's stream increases, and every
+// reader sees increasing sequence numbers per model.
+TEST(HistoryTest, ConcurrentWritersReadersAndWatchers) {
+  const unsigned seed = std::random_device{}();
+  std::printf("seed %u\n", seed);
+  History h(NewMemLog(512), Opts(64, 8, /*max_watchers=*/8, /*watch_queue=*/32));
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; !stop.load(); ++i) (void)h.Add(Make(absl::StrCat("m", t), i));
     });
   }
-  absl::SleepFor(absl::Milliseconds(20));
-  h.CloseAllSubscriptions();
-  for (auto& t : waiters) t.join();
-  EXPECT_EQ(woke.load(), 3);
-  EXPECT_EQ(h.num_subscriptions(), 0u);
-  auto late = h.Subscribe("a");
-  EXPECT_TRUE(late->closed());
-  EXPECT_TRUE(h.Add(Make("a", 1)).ok());  // history still works
-}
-
-// Several writers, readers and watchers at once. Invariants checked:
-//  - every Add succeeds and the final counts are exact;
-//  - each model's history is always strictly increasing in step, and its
-//    newest entry never goes backwards between reads;
-//  - a watcher sees each model's measurements in step order, and only those
-//    it asked for; what it did not see is exactly what dropped() counts;
-//  - when the watcher's queue cannot overflow (kWriters * kPerWriter <=
-//    kDefaultMaxQueued) it sees every measurement, however slow it runs.
-void RunConcurrently(const int kPerWriter) {
-  constexpr int kWriters = 4;
-  constexpr size_t kCapacity = 64;
-  const bool must_be_complete = static_cast<size_t>(kWriters * kPerWriter) <=
-                                Subscription::kDefaultMaxQueued;
-  History h(kCapacity, 100);
-
-  // Default-sized (bounded) queues: a watcher that falls behind loses the
-  // oldest entries, which dropped() accounts for below.
-  auto only_w1 = h.Subscribe("w1");
-  auto all_public = h.Subscribe("");
-
-  std::atomic<bool> writers_done{false};
-  std::atomic<int> reader_failures{0};
-
-  auto drain = [&](std::shared_ptr<Subscription> sub,
-                   std::map<std::string, std::vector<int64_t>>* out) {
-    while (true) {
-      auto m = sub->Next(absl::Milliseconds(50));
-      if (m.has_value()) {
-        (*out)[m->model_id()].push_back(m->step());
-      } else if (writers_done.load() || sub->closed()) {
-        // One more non-blocking pass so nothing queued is left behind.
-        while (auto rest = sub->Next(absl::ZeroDuration())) {
-          (*out)[rest->model_id()].push_back(rest->step());
+  threads.emplace_back([&] {
+    while (!stop.load()) {
+      for (const MeasurementIndex::ModelState& s : h.index().Models()) {
+        absl::StatusOr<std::vector<Entry>> es = h.index().Get(s.model_id, 0);
+        if (!es.ok()) continue;
+        for (size_t i = 1; i < es->size(); ++i) {
+          if ((*es)[i]->sequence() <= (*es)[i - 1]->sequence()) ++bad;
         }
-        return;
       }
     }
-  };
-  std::map<std::string, std::vector<int64_t>> seen_all, seen_w1;
-  std::thread watcher_all(drain, all_public, &seen_all);
-  std::thread watcher_w1(drain, only_w1, &seen_w1);
-
-  std::vector<std::thread> readers;
-  for (int r = 0; r < 2; ++r) {
-    readers.emplace_back([&, r] {
-      std::map<std::string, int64_t> last_latest;
-      while (!writers_done.load()) {
-        for (int w = 0; w < kWriters; ++w) {
-          const std::string id = absl::StrCat("w", w);
-          auto got = h.Get(id, r == 0 ? 0 : 10);
-          if (!got.ok()) continue;  // not written yet
-          if (got->empty() || got->size() > kCapacity) ++reader_failures;
-          for (size_t i = 1; i < got->size(); ++i) {
-            if ((*got)[i].step() <= (*got)[i - 1].step()) ++reader_failures;
+  });
+  for (int c = 0; c < 4; ++c) {
+    threads.emplace_back([&, c] {
+      std::mt19937 rng(seed + c);
+      while (!stop.load()) {
+        absl::Mutex mu;
+        bool ready = false;
+        const uint64_t last = h.log().LastSequence();
+        std::optional<uint64_t> after;
+        if (rng() % 2) after = last - std::min<uint64_t>(last, rng() % 600);
+        absl::StatusOr<std::unique_ptr<Watch>> w = h.Subscribe(
+            c % 2 ? "m1" : "", after, [&] {
+              absl::MutexLock lock(&mu);
+              ready = true;
+            });
+        if (!w.ok()) continue;  // max_watchers or closed
+        uint64_t prev = 0;
+        for (int events = 0; events < 200 && !(*w)->closed();) {
+          absl::StatusOr<std::optional<BusEvent>> e = (*w)->Next();
+          if (!e.ok()) { ++bad; break; }
+          if (!e->has_value()) {
+            absl::MutexLock lock(&mu);
+            mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(10));
+            ready = false;
+            continue;
           }
-          auto latest = h.Latest(id);
-          if (!latest.has_value() || latest->step() < last_latest[id]) {
-            ++reader_failures;
+          ++events;
+          uint64_t first, last_seq;
+          if (const auto* m = std::get_if<Entry>(&**e)) {
+            first = last_seq = (*m)->sequence();
+            if (c % 2 && (*m)->model_id() != "m1") ++bad;
           } else {
-            last_latest[id] = latest->step();
+            first = std::get<GapMarker>(**e).first_sequence;
+            last_seq = std::get<GapMarker>(**e).last_sequence;
           }
-        }
-        for (const auto& s : h.Models()) {
-          if (s.measurements() == 0 || s.measurements() > kCapacity) {
-            ++reader_failures;
-          }
+          if (first <= prev || last_seq < first) ++bad;
+          prev = last_seq;
         }
       }
     });
   }
-
-  std::vector<std::thread> writers;
-  std::atomic<int> add_failures{0};
-  for (int w = 0; w < kWriters; ++w) {
-    writers.emplace_back([&, w] {
-      const std::string id = absl::StrCat("w", w);
-      for (int s = 1; s <= kPerWriter; ++s) {
-        if (!h.Add(Make(id, s)).ok()) ++add_failures;
-      }
-    });
-  }
-  for (auto& t : writers) t.join();
-  writers_done = true;
-  for (auto& t : readers) t.join();
-  watcher_all.join();
-  watcher_w1.join();
-
-  EXPECT_EQ(add_failures.load(), 0);
-  EXPECT_EQ(reader_failures.load(), 0);
-
-  auto models = h.Models();
-  ASSERT_EQ(models.size(), static_cast<size_t>(kWriters));
-  for (int w = 0; w < kWriters; ++w) {
-    const std::string id = absl::StrCat("w", w);
-    EXPECT_EQ(models[w].model_id(), id);
-    EXPECT_EQ(models[w].measurements(), kCapacity);
-    EXPECT_EQ(models[w].latest().step(), kPerWriter);
-    EXPECT_EQ(
-        Steps(*h.Get(id, 0)),
-        Range(kPerWriter - static_cast<int64_t>(kCapacity) + 1, kPerWriter));
-  }
-
-  // The watchers: in order per model; complete unless their bounded queue
-  // overflowed, in which case the loss is accounted for in dropped().
-  auto check_watcher =
-      [&](const std::shared_ptr<Subscription>& sub,
-          const std::map<std::string, std::vector<int64_t>>& seen,
-          size_t expected_models) {
-        uint64_t total = 0;
-        for (const auto& [id, steps] : seen) {
-          total += steps.size();
-          for (size_t i = 1; i < steps.size(); ++i) {
-            ASSERT_LT(steps[i - 1], steps[i]) << id;
-          }
-        }
-        EXPECT_EQ(total + sub->dropped(), expected_models * kPerWriter);
-        if (must_be_complete) EXPECT_EQ(sub->dropped(), 0u);
-        if (sub->dropped() == 0) {
-          EXPECT_EQ(seen.size(), expected_models);
-          for (const auto& [id, steps] : seen) {
-            EXPECT_EQ(steps, Range(1, kPerWriter)) << id;
-          }
-        }
-      };
-  check_watcher(all_public, seen_all, kWriters);
-  check_watcher(only_w1, seen_w1, 1);
-  for (const auto& [id, steps] : seen_w1) EXPECT_EQ(id, "w1");
-}
-
-TEST(HistoryTest, ConcurrentWritersReadersAndWatchers) {
-  for (int round = 0; round < 10; ++round) {
-    SCOPED_TRACE(absl::StrCat("round ", round));
-    RunConcurrently(/*per_writer=*/250);  // 1000 <= the watchers' queue bound
-  }
-}
-
-TEST(HistoryTest, ConcurrentWatchersMayFallBehindButNeverGrowUnbounded) {
-  RunConcurrently(/*per_writer=*/3000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  h.CloseWatches();
+  stop = true;
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_GT(h.log().LastSequence(), 0u);
 }
 
 }  // namespace

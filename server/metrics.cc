@@ -1,31 +1,54 @@
 #include "server/metrics.h"
 
-#include <exception>
+#include <algorithm>
 #include <string>
 #include <utility>
 
 #include "absl/status/status.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
+#include "prometheus/client_metric.h"
+#include "prometheus/metric_type.h"
+#include "spdlog/spdlog.h"
 
 namespace rvd {
 namespace {
 
+using prometheus::ClientMetric;
 using prometheus::Counter;
-using prometheus::Family;
-using prometheus::Gauge;
 using prometheus::Histogram;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
 
-// The measurement's completion time in Unix seconds; now if it has none.
-double TimestampSeconds(const rvd::v1::Measurement& m) {
-  if (m.has_timestamp()) {
-    return static_cast<double>(m.timestamp().seconds()) +
-           1e-9 * static_cast<double>(m.timestamp().nanos());
+MetricFamily NewFamily(const char* name, const char* help, MetricType type) {
+  MetricFamily f;
+  f.name = name;
+  f.help = help;
+  f.type = type;
+  return f;
+}
+
+// Appends one sample; `labels` in name order (as the registry writes them).
+void AddSample(MetricFamily& f,
+               std::initializer_list<std::pair<const char*, std::string>> labels,
+               double value) {
+  ClientMetric& m = f.metric.emplace_back();
+  for (const auto& [name, v] : labels) m.label.push_back({name, v});
+  std::sort(m.label.begin(), m.label.end());
+  if (f.type == MetricType::Counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
   }
-  return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+}
+
+// A family goes out only with samples: a scrape shows what exists.
+void Emit(MetricFamily f, std::vector<MetricFamily>* out) {
+  if (!f.metric.empty()) out->push_back(std::move(f));
+}
+
+double TimestampSeconds(const rvd::v1::Measurement& m) {
+  return static_cast<double>(m.timestamp().seconds()) +
+         1e-9 * static_cast<double>(m.timestamp().nanos());
 }
 
 }  // namespace
@@ -40,29 +63,20 @@ const Histogram::BucketBoundaries& Metrics::DurationBuckets() {
   return *kBuckets;
 }
 
-Metrics::Metrics(const MetricsOptions& options)
+const Histogram::BucketBoundaries& Metrics::RequestBuckets() {
+  // The engine's range, then the seconds a multi-GB stream takes to arrive.
+  static const Histogram::BucketBoundaries* const kBuckets = [] {
+    auto* b = new Histogram::BucketBoundaries(DurationBuckets());
+    b->insert(b->end(), {30.0, 60.0});
+    return b;
+  }();
+  return *kBuckets;
+}
+
+Metrics::Metrics(const MetricsOptions& options, const MetricsSources& sources)
     : options_(options),
+      sources_(sources),
       registry_(std::make_shared<prometheus::Registry>()),
-      rv_family_(prometheus::BuildGauge()
-                     .Name("rvd_rv")
-                     .Help("R_V of the newest measurement of a model: geomean "
-                           "PR of the late layers / geomean PR of the early "
-                           "layers. Absent while the newest measurement has "
-                           "no R_V (an all-zero early or late layer).")
-                     .Register(*registry_)),
-      pr_family_(prometheus::BuildGauge()
-                     .Name("rvd_participation_ratio")
-                     .Help("Participation ratio of the attention V block of a "
-                           "layer in the newest measurement of a model.")
-                     .Register(*registry_)),
-      pr_head_family_(
-          options.per_head
-              ? &prometheus::BuildGauge()
-                     .Name("rvd_participation_ratio_head")
-                     .Help("Participation ratio of one kv head's V block of a "
-                           "layer in the newest measurement of a model.")
-                     .Register(*registry_)
-              : nullptr),
       measurements_family_(prometheus::BuildCounter()
                                .Name("rvd_measurements_total")
                                .Help("Measurements completed, by model, the "
@@ -79,142 +93,54 @@ Metrics::Metrics(const MetricsOptions& options)
                          .Help("Requests that failed, by gRPC status code "
                                "name.")
                          .Register(*registry_)),
-      served_family_(prometheus::BuildCounter()
-                         .Name("rvd_engine_matrices_total")
-                         .Help("Matrices the engine has computed, by backend "
-                               "and code path (variant/kernel policy): which "
-                               "kernel served the measurements.")
-                         .Register(*registry_)),
-      phase_family_(prometheus::BuildCounter()
-                        .Name("rvd_engine_seconds_total")
-                        .Help("Engine time by backend and phase: h2d (device "
-                              "time of host-to-device copies), compute (the "
-                              "rest of the engine calls).")
-                        .Register(*registry_)),
-      last_timestamp_family_(
-          prometheus::BuildGauge()
-              .Name("rvd_last_measurement_timestamp_seconds")
-              .Help("Unix time at which the newest measurement of a model "
-                    "was computed.")
-              .Register(*registry_)),
-      below_family_(
-          options.rv_alert_threshold > 0
-              ? &prometheus::BuildGauge()
-                     .Name("rvd_rv_below_threshold")
-                     .Help("1 when the newest R_V of a model is below "
-                           "rvd_rv_alert_threshold, else 0. Absent while the "
-                           "newest measurement has no R_V.")
-                     .Register(*registry_)
-              : nullptr),
+      request_family_(prometheus::BuildHistogram()
+                          .Name("rvd_request_duration_seconds")
+                          .Help("rvd.v1.Rvd calls end to end, from the call's "
+                                "arrival to its status, by method and gRPC "
+                                "status code name (a watch stream lasts as "
+                                "long as its watcher).")
+                          .Register(*registry_)),
       ingested_bytes_(prometheus::BuildCounter()
                           .Name("rvd_ingested_bytes_total")
                           .Help("Tensor bytes received in measurement "
                                 "requests.")
                           .Register(*registry_)
-                          .Add({})),
-      inflight_(prometheus::BuildGauge()
-                    .Name("rvd_inflight_requests")
-                    .Help("Measurement requests in flight (queued or "
-                          "computing).")
-                    .Register(*registry_)
-                    .Add({})) {
-  prometheus::BuildGauge()
-      .Name("rvd_build_info")
-      .Help(
-          "Always 1; the labels name the rvd version, the backend and the "
-          "engine version.")
-      .Register(*registry_)
-      .Add({{"version", options.version},
-            {"backend", options.backend},
-            {"engine_version", options.engine_version}})
-      .Set(1);
-  if (options.rv_alert_threshold > 0) {
-    prometheus::BuildGauge()
-        .Name("rvd_rv_alert_threshold")
-        .Help(
-            "The configured rv_alert_threshold: rvd_rv below it sets "
-            "rvd_rv_below_threshold to 1.")
-        .Register(*registry_)
-        .Add({})
-        .Set(options.rv_alert_threshold);
+                          .Add({})) {}
+
+uint64_t Metrics::SeriesOf(const rvd::v1::Measurement& m) const {
+  uint64_t n = m.layers_size();
+  if (options_.per_head) {
+    for (const rvd::v1::LayerPR& l : m.layers()) n += l.head_pr_size();
   }
+  return n;
 }
 
 void Metrics::RecordMeasurement(const rvd::v1::Measurement& m) {
   const std::string& id = m.model_id();
+  const uint64_t series = SeriesOf(m);
   absl::MutexLock lock(&mu_);
-  ModelSeries& series = models_[id];
 
-  // R_V and the alert gauge: set when present, removed when absent.
-  if (m.has_rv()) {
-    if (series.rv == nullptr) series.rv = &rv_family_.Add({{"model_id", id}});
-    series.rv->Set(m.rv());
-    if (below_family_ != nullptr) {
-      if (series.below_threshold == nullptr) {
-        series.below_threshold = &below_family_->Add({{"model_id", id}});
-      }
-      series.below_threshold->Set(m.rv() < options_.rv_alert_threshold ? 1 : 0);
-    }
+  // The budget: this model's newest measurement replaces its previous
+  // admission, if it fits beside every other model's.
+  uint64_t& admitted = admitted_[id];
+  const uint64_t others = admitted_total_ - admitted;
+  if (others + series <= options_.max_series) {
+    admitted = series;
   } else {
-    if (series.rv != nullptr) {
-      rv_family_.Remove(series.rv);
-      series.rv = nullptr;
-    }
-    if (series.below_threshold != nullptr) {
-      below_family_->Remove(series.below_threshold);
-      series.below_threshold = nullptr;
-    }
-  }
-
-  // Per-layer (and per-head) PR. Series of layers/heads this measurement does
-  // not have are removed, so the model's series describe its newest
-  // measurement only.
-  std::map<uint32_t, Gauge*> layer_pr;
-  std::map<std::pair<uint32_t, uint32_t>, Gauge*> head_pr;
-  for (const rvd::v1::LayerPR& layer : m.layers()) {
-    const std::string layer_str = absl::StrCat(layer.layer());
-    Gauge* g = nullptr;
-    if (auto it = series.layer_pr.find(layer.layer());
-        it != series.layer_pr.end()) {
-      g = it->second;
-      series.layer_pr.erase(it);
-    } else if (auto it2 = layer_pr.find(layer.layer()); it2 != layer_pr.end()) {
-      g = it2->second;  // the same layer twice in one measurement
-    } else {
-      g = &pr_family_.Add({{"model_id", id}, {"layer", layer_str}});
-    }
-    g->Set(layer.pr());
-    layer_pr[layer.layer()] = g;
-
-    if (pr_head_family_ == nullptr) continue;
-    for (int h = 0; h < layer.head_pr_size(); ++h) {
-      const auto key = std::make_pair(layer.layer(), static_cast<uint32_t>(h));
-      Gauge* hg = nullptr;
-      if (auto it = series.head_pr.find(key); it != series.head_pr.end()) {
-        hg = it->second;
-        series.head_pr.erase(it);
-      } else if (auto it2 = head_pr.find(key); it2 != head_pr.end()) {
-        hg = it2->second;
-      } else {
-        hg = &pr_head_family_->Add({{"model_id", id},
-                                    {"layer", layer_str},
-                                    {"head", absl::StrCat(h)}});
-      }
-      hg->Set(layer.head_pr(h));
-      head_pr[key] = hg;
+    admitted = 0;
+    series_dropped_total_ += series;
+    if (!overflow_logged_) {
+      overflow_logged_ = true;
+      spdlog::warn(
+          "metrics: the series budget (max_metric_series {}) is spent: the "
+          "{} per-layer series of model {} are not exported, nor those of "
+          "later models that do not fit (counted in "
+          "rvd_series_dropped_total; logged once)",
+          options_.max_series, series, id);
     }
   }
-  for (const auto& [layer, g] : series.layer_pr) pr_family_.Remove(g);
-  for (const auto& [key, g] : series.head_pr) pr_head_family_->Remove(g);
-  series.layer_pr = std::move(layer_pr);
-  series.head_pr = std::move(head_pr);
+  admitted_total_ = others + admitted;
 
-  if (series.last_timestamp == nullptr) {
-    series.last_timestamp = &last_timestamp_family_.Add({{"model_id", id}});
-  }
-  series.last_timestamp->Set(TimestampSeconds(m));
-
-  // Count and time it.
   VariantBackend vb(m.variant(), m.backend());
   auto key = std::make_pair(id, vb);
   auto cit = counters_.find(key);
@@ -241,35 +167,6 @@ void Metrics::AddIngestedBytes(uint64_t bytes) {
   ingested_bytes_.Increment(static_cast<double>(bytes));
 }
 
-void Metrics::Follow(prometheus::Family<prometheus::Counter>& family,
-                     const char* label, const std::string& backend,
-                     const std::string& key, double total,
-                     FollowedMap& series) {
-  Followed& f = series[{backend, key}];
-  if (f.counter == nullptr)
-    f.counter = &family.Add({{"backend", backend}, {label, key}});
-  if (total > f.seen) {
-    f.counter->Increment(total - f.seen);
-    f.seen = total;
-  }
-}
-
-void Metrics::RecordServed(const std::string& backend,
-                           const std::map<std::string, int64_t>& counts) {
-  absl::MutexLock lock(&mu_);
-  for (const auto& [path, n] : counts) {
-    Follow(served_family_, "path", backend, path, static_cast<double>(n),
-           served_);
-  }
-}
-
-void Metrics::RecordPhases(const std::string& backend,
-                           const std::map<std::string, double>& seconds) {
-  absl::MutexLock lock(&mu_);
-  for (const auto& [phase, t] : seconds)
-    Follow(phase_family_, "phase", backend, phase, t, phases_);
-}
-
 void Metrics::RecordError(const std::string& code) {
   absl::MutexLock lock(&mu_);
   auto it = errors_.find(code);
@@ -279,38 +176,255 @@ void Metrics::RecordError(const std::string& code) {
   it->second->Increment();
 }
 
-void Metrics::SetInflight(int64_t n) { inflight_.Set(static_cast<double>(n)); }
+void Metrics::ObserveRequest(const std::string& method,
+                             const std::string& code, double seconds) {
+  absl::MutexLock lock(&mu_);
+  auto key = std::make_pair(method, code);
+  auto it = requests_.find(key);
+  if (it == requests_.end()) {
+    it = requests_
+             .emplace(key, &request_family_.Add(
+                               {{"method", method}, {"code", code}},
+                               RequestBuckets()))
+             .first;
+  }
+  it->second->Observe(std::max(seconds, 0.0));
+}
 
-absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartExposer(
-    const std::string& address,
-    std::shared_ptr<prometheus::Registry> registry) {
-  if (registry == nullptr) {
-    return absl::InvalidArgumentError("StartExposer: no registry");
+void Metrics::CollectModels(std::vector<MetricFamily>* out) const {
+  MetricFamily rv = NewFamily(
+      "rvd_rv",
+      "R_V of the newest measurement of a model: geomean PR of the late "
+      "layers / geomean PR of the early layers. Absent while the newest "
+      "measurement has no R_V (an all-zero early or late layer).",
+      MetricType::Gauge);
+  MetricFamily below = NewFamily(
+      "rvd_rv_below_threshold",
+      "1 when the newest R_V of a model is below rvd_rv_alert_threshold, "
+      "else 0. Absent while the newest measurement has no R_V.",
+      MetricType::Gauge);
+  MetricFamily stamp = NewFamily(
+      "rvd_last_measurement_timestamp_seconds",
+      "Unix time at which the newest measurement of a model was computed.",
+      MetricType::Gauge);
+  MetricFamily pr = NewFamily(
+      "rvd_participation_ratio",
+      "Participation ratio of the attention V block of a layer in the "
+      "newest measurement of a model.",
+      MetricType::Gauge);
+  MetricFamily head = NewFamily(
+      "rvd_participation_ratio_head",
+      "Participation ratio of one kv head's V block of a layer in the newest "
+      "measurement of a model.",
+      MetricType::Gauge);
+  MetricFamily models = NewFamily(
+      "rvd_models", "Models with measurements kept (at most max_models).",
+      MetricType::Gauge);
+  MetricFamily dropped = NewFamily(
+      "rvd_series_dropped_total",
+      "Per-layer and per-head PR series not exported because the series "
+      "budget (max_metric_series) was spent, summed over measurements.",
+      MetricType::Counter);
+
+  std::vector<MeasurementIndex::ModelState> states;
+  if (sources_.index != nullptr) states = sources_.index->Models();
+  // The admissions of the models read, then the series built unlocked.
+  std::vector<uint64_t> admitted(states.size(), 0);
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < states.size(); ++i) {
+      auto it = admitted_.find(states[i].model_id);
+      if (it != admitted_.end()) admitted[i] = it->second;
+    }
+    AddSample(dropped, {}, static_cast<double>(series_dropped_total_));
   }
-  // HOST:PORT; civetweb would read a bare "9464" as every interface, which
-  // we do not want to happen by accident.
-  const size_t colon = address.rfind(':');
-  int port = -1;
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size() ||
-      address.size() - colon - 1 > 5 ||
-      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
-      port > 65535 || !absl::ascii_isdigit(address[colon + 1])) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metrics address \"", address, "\" is not HOST:PORT"));
+  for (size_t i = 0; i < states.size(); ++i) {
+    const std::string& id = states[i].model_id;
+    const rvd::v1::Measurement& m = *states[i].latest;
+    if (m.has_rv()) {
+      AddSample(rv, {{"model_id", id}}, m.rv());
+      if (options_.rv_alert_threshold > 0) {
+        AddSample(below, {{"model_id", id}},
+                  m.rv() < options_.rv_alert_threshold ? 1 : 0);
+      }
+    }
+    AddSample(stamp, {{"model_id", id}}, TimestampSeconds(m));
+    // Within its admission only: a measurement stored but not yet recorded
+    // (or refused) exports no PR series, so the budget holds at any moment.
+    const uint64_t series = SeriesOf(m);
+    if (series == 0 || series > admitted[i]) continue;
+    for (const rvd::v1::LayerPR& l : m.layers()) {
+      const std::string layer = absl::StrCat(l.layer());
+      AddSample(pr, {{"model_id", id}, {"layer", layer}}, l.pr());
+      if (!options_.per_head) continue;
+      for (int h = 0; h < l.head_pr_size(); ++h) {
+        AddSample(head,
+                  {{"model_id", id}, {"layer", layer}, {"head", absl::StrCat(h)}},
+                  l.head_pr(h));
+      }
+    }
   }
-  try {
-    // Two civetweb threads (the default): a scrape held open by one client
-    // does not block another.
-    auto exposer = std::make_unique<prometheus::Exposer>(address, 2);
-    exposer->RegisterCollectable(registry);
-    return exposer;
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve /metrics on ", address, ": ", e.what()));
-  } catch (...) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve /metrics on ", address));
+  if (sources_.index != nullptr) {
+    AddSample(models, {}, static_cast<double>(states.size()));
   }
+  Emit(std::move(rv), out);
+  Emit(std::move(below), out);
+  Emit(std::move(stamp), out);
+  Emit(std::move(pr), out);
+  Emit(std::move(head), out);
+  Emit(std::move(models), out);
+  Emit(std::move(dropped), out);
+}
+
+void Metrics::CollectEngine(std::vector<MetricFamily>* out) const {
+  if (sources_.engine == nullptr) return;
+  const EngineStats stats = sources_.engine->Stats();
+  const std::string& backend = options_.backend;
+  MetricFamily served = NewFamily(
+      "rvd_engine_matrices_total",
+      "Matrices the engine has computed, by backend and the kernel that "
+      "served them (variant/kernel); each matrix counted once.",
+      MetricType::Counter);
+  for (const auto& [path, n] : stats.served) {
+    AddSample(served, {{"backend", backend}, {"path", path}},
+              static_cast<double>(n));
+  }
+  MetricFamily events = NewFamily(
+      "rvd_engine_events_total",
+      "Engine events that are not a kernel serving a matrix, by backend and "
+      "event (e.g. plan_reused, float64_fallback, oracle_fallback).",
+      MetricType::Counter);
+  for (const auto& [event, n] : stats.events) {
+    AddSample(events, {{"backend", backend}, {"event", event}},
+              static_cast<double>(n));
+  }
+  MetricFamily phases = NewFamily(
+      "rvd_engine_seconds_total",
+      "Engine time by backend and phase (CUDA: h2d, the device time of "
+      "host-to-device copies; plan; compute, the rest of the calls).",
+      MetricType::Counter);
+  for (const auto& [phase, t] : stats.phase_seconds) {
+    AddSample(phases, {{"backend", backend}, {"phase", phase}}, t);
+  }
+  MetricFamily errors = NewFamily(
+      "rvd_engine_errors_total",
+      "Failed device calls, by error code name (e.g. "
+      "cudaErrorMemoryAllocation).",
+      MetricType::Counter);
+  for (const auto& [code, n] : stats.device_errors) {
+    AddSample(errors, {{"code", code}}, static_cast<double>(n));
+  }
+  MetricFamily device = NewFamily(
+      "rvd_engine_device_bytes",
+      "Device memory held in the engine's pools now.", MetricType::Gauge);
+  AddSample(device, {}, static_cast<double>(stats.device_bytes_held));
+  MetricFamily pinned = NewFamily(
+      "rvd_engine_pinned_bytes",
+      "Page-locked host memory held by the engine now.", MetricType::Gauge);
+  AddSample(pinned, {}, static_cast<double>(stats.pinned_bytes_held));
+  MetricFamily healthy = NewFamily(
+      "rvd_engine_healthy",
+      "1 while the engine can serve; 0 after a sticky device error (every "
+      "call fails until it is recreated).",
+      MetricType::Gauge);
+  AddSample(healthy, {}, stats.healthy ? 1 : 0);
+  Emit(std::move(served), out);
+  Emit(std::move(events), out);
+  Emit(std::move(phases), out);
+  Emit(std::move(errors), out);
+  Emit(std::move(device), out);
+  Emit(std::move(pinned), out);
+  Emit(std::move(healthy), out);
+}
+
+void Metrics::CollectPoolAndBus(std::vector<MetricFamily>* out) const {
+  if (sources_.pool != nullptr) {
+    const ComputePoolStats s = sources_.pool->Stats();
+    MetricFamily length = NewFamily(
+        "rvd_compute_queue_length",
+        "Measurements waiting for a compute worker now.", MetricType::Gauge);
+    AddSample(length, {}, static_cast<double>(s.queued));
+    MetricFamily running = NewFamily(
+        "rvd_compute_running", "Measurements on a compute worker now.",
+        MetricType::Gauge);
+    AddSample(running, {}, static_cast<double>(s.running));
+    MetricFamily wait = NewFamily(
+        "rvd_compute_queue_wait_seconds_total",
+        "Time measurements waited for a compute worker, summed over those "
+        "that got one (divide by rvd_compute_queue_waits_total).",
+        MetricType::Counter);
+    AddSample(wait, {}, s.wait_seconds_total);
+    MetricFamily waits = NewFamily(
+        "rvd_compute_queue_waits_total",
+        "Measurements that got a compute worker.", MetricType::Counter);
+    AddSample(waits, {}, static_cast<double>(s.waits_total));
+    MetricFamily rejected = NewFamily(
+        "rvd_compute_rejected_total",
+        "Measurements refused by the compute queue (full, deadline passed or "
+        "cancelled while waiting).",
+        MetricType::Counter);
+    AddSample(rejected, {}, static_cast<double>(s.rejected_total));
+    Emit(std::move(length), out);
+    Emit(std::move(running), out);
+    Emit(std::move(wait), out);
+    Emit(std::move(waits), out);
+    Emit(std::move(rejected), out);
+  }
+  if (sources_.bus != nullptr) {
+    MetricFamily watchers = NewFamily(
+        "rvd_watchers", "WatchMeasurements streams open now.",
+        MetricType::Gauge);
+    AddSample(watchers, {},
+              static_cast<double>(sources_.bus->num_subscribers()));
+    MetricFamily gaps = NewFamily(
+        "rvd_watch_gap_entries_total",
+        "Measurements a watcher missed because it read too slowly (each "
+        "reported to it in a Gap event), summed over watchers.",
+        MetricType::Counter);
+    AddSample(gaps, {},
+              static_cast<double>(sources_.bus->gap_entries_total()));
+    Emit(std::move(watchers), out);
+    Emit(std::move(gaps), out);
+  }
+}
+
+std::vector<MetricFamily> Metrics::Collect() const {
+  std::vector<MetricFamily> out = registry_->Collect();
+  MetricFamily build = NewFamily(
+      "rvd_build_info",
+      "Always 1; the labels name the rvd version, the backend and the engine "
+      "version.",
+      MetricType::Gauge);
+  AddSample(build,
+            {{"version", options_.version},
+             {"backend", options_.backend},
+             {"engine_version", options_.engine_version}},
+            1);
+  out.push_back(std::move(build));
+  if (options_.rv_alert_threshold > 0) {
+    MetricFamily threshold = NewFamily(
+        "rvd_rv_alert_threshold",
+        "The configured rv_alert_threshold: rvd_rv below it sets "
+        "rvd_rv_below_threshold to 1.",
+        MetricType::Gauge);
+    AddSample(threshold, {}, options_.rv_alert_threshold);
+    out.push_back(std::move(threshold));
+  }
+  MetricFamily inflight = NewFamily(
+      "rvd_inflight_requests",
+      "Measure and MeasureStream calls in flight (receiving, queued or "
+      "computing).",
+      MetricType::Gauge);
+  AddSample(inflight, {}, static_cast<double>(inflight_.load()));
+  out.push_back(std::move(inflight));
+  CollectModels(&out);
+  CollectEngine(&out);
+  CollectPoolAndBus(&out);
+  std::sort(out.begin(), out.end(),
+            [](const MetricFamily& a, const MetricFamily& b) {
+              return a.name < b.name;
+            });
+  return out;
 }
 
 }  // namespace rvd

@@ -1,17 +1,15 @@
 #include "server/metrics.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -19,11 +17,13 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
+#include "server/history.h"
 
 namespace rvd {
 namespace {
@@ -31,9 +31,9 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string Serialize(Metrics& metrics) {
+std::string Serialize(const Metrics& metrics) {
   std::ostringstream out;
-  prometheus::TextSerializer().Serialize(out, metrics.registry()->Collect());
+  prometheus::TextSerializer().Serialize(out, metrics.Collect());
   return out.str();
 }
 
@@ -49,21 +49,29 @@ std::map<std::string, std::string> Samples(const std::string& text) {
   return samples;
 }
 
+// Samples of one family (name, or name{...}).
+int Count(const std::map<std::string, std::string>& s, const std::string& name) {
+  int n = 0;
+  for (const auto& [k, v] : s) {
+    if (k == name || absl::StartsWith(k, name + "{")) ++n;
+  }
+  return n;
+}
+
 rvd::v1::Measurement MakeMeasurement(const std::string& model, int64_t step,
-                                     std::optional<double> rv) {
+                                     std::optional<double> rv, int layers = 2) {
   rvd::v1::Measurement m;
   m.set_model_id(model);
   m.set_step(step);
   m.mutable_timestamp()->set_seconds(1700000000 + step);
   m.mutable_timestamp()->set_nanos(500000000);
   if (rv.has_value()) m.set_rv(*rv);
-  for (uint32_t layer = 0; layer < 2; ++layer) {
+  for (int layer = 0; layer < layers; ++layer) {
     rvd::v1::LayerPR* l = m.add_layers();
     l->set_layer(layer);
     l->set_pr(10 + layer);
     l->add_head_pr(2.5 + layer);
     l->add_head_pr(3.5 + layer);
-    l->set_tensor_name(absl::StrCat("model.layers.", layer, ".v_proj.weight"));
   }
   m.set_variant("algebraic");
   m.set_backend("cpu");
@@ -72,37 +80,72 @@ rvd::v1::Measurement MakeMeasurement(const std::string& model, int64_t step,
   return m;
 }
 
-MetricsOptions Options(bool per_head, double threshold) {
+MetricsOptions Options(bool per_head, double threshold,
+                       uint64_t max_series = 100000) {
   MetricsOptions o;
   o.per_head = per_head;
   o.rv_alert_threshold = threshold;
   o.version = "0.1.0";
   o.backend = "cpu";
   o.engine_version = "cpu-1";
+  o.max_series = max_series;
   return o;
 }
 
-TEST(MetricsTest, RecordsMeasurementSamples) {
-  Metrics metrics(Options(/*per_head=*/false, /*threshold=*/0));
-  metrics.RecordMeasurement(MakeMeasurement("llama", 1, 0.75));
-  metrics.RecordMeasurement(MakeMeasurement("llama", 2, 0.5));
-  metrics.RecordMeasurement(MakeMeasurement("gpt2", 1, 1.25));
-  metrics.AddIngestedBytes(1000);
-  metrics.AddIngestedBytes(24);
-  metrics.RecordError("INVALID_ARGUMENT");
-  metrics.RecordError("INVALID_ARGUMENT");
-  metrics.RecordError("NOT_FOUND");
-  metrics.SetInflight(3);
+// An engine whose counters a test sets.
+class FakeEngine final : public Engine {
+ public:
+  std::string Backend() const override { return "cpu"; }
+  std::string Version() const override { return "fake-1"; }
+  std::string DefaultVariant() const override { return "algebraic"; }
+  absl::Status ComputePR(absl::Span<const MatrixView>, const VariantSpec&,
+                         absl::Span<double>) override {
+    return absl::UnimplementedError("fake");
+  }
+  std::map<std::string, int64_t> ServedCounts() const override { return {}; }
+  EngineStats Stats() const override {
+    absl::MutexLock lock(&mu);
+    return stats;
+  }
+  mutable absl::Mutex mu;
+  EngineStats stats ABSL_GUARDED_BY(mu);
+};
 
-  const std::string text = Serialize(metrics);
-  const auto s = Samples(text);
-  // prometheus-cpp writes labels in name order.
+// The daemon's wiring in small: measurements go through History, and
+// Metrics reads its index.
+struct Fixture {
+  explicit Fixture(const MetricsOptions& options, size_t max_watchers = 4)
+      : history(NewMemLog(100), History::Options{10, 100, max_watchers, 2}),
+        metrics(options, MetricsSources{&history.index(), &engine, &pool,
+                                        &history.bus()}) {}
+  void Record(const rvd::v1::Measurement& m) {
+    absl::StatusOr<MeasurementLog::Entry> e = history.Add(m);
+    ASSERT_TRUE(e.ok()) << e.status();
+    metrics.RecordMeasurement(**e);
+  }
+  FakeEngine engine;
+  ComputePool pool{1, 4};
+  History history;
+  Metrics metrics;
+};
+
+TEST(MetricsTest, RecordsMeasurementSamples) {
+  Fixture f(Options(/*per_head=*/false, /*threshold=*/0));
+  f.Record(MakeMeasurement("llama", 1, 0.75));
+  f.Record(MakeMeasurement("llama", 2, 0.5));
+  f.Record(MakeMeasurement("gpt2", 1, 1.25));
+  f.metrics.AddIngestedBytes(1000);
+  f.metrics.AddIngestedBytes(24);
+  f.metrics.RecordError("INVALID_ARGUMENT");
+  f.metrics.RecordError("INVALID_ARGUMENT");
+  f.metrics.RecordError("NOT_FOUND");
+
+  const auto s = Samples(Serialize(f.metrics));
+  // Labels in name order, as the registry writes them.
   EXPECT_EQ(s.at("rvd_rv{model_id=\"llama\"}"), "0.5");
   EXPECT_EQ(s.at("rvd_rv{model_id=\"gpt2\"}"), "1.25");
-  EXPECT_EQ(s.at("rvd_participation_ratio{layer=\"0\",model_id=\"llama\"}"),
-            "10");
-  EXPECT_EQ(s.at("rvd_participation_ratio{layer=\"1\",model_id=\"llama\"}"),
-            "11");
+  EXPECT_EQ(s.at("rvd_participation_ratio{layer=\"0\",model_id=\"llama\"}"), "10");
+  EXPECT_EQ(s.at("rvd_participation_ratio{layer=\"1\",model_id=\"llama\"}"), "11");
   EXPECT_EQ(s.at("rvd_measurements_total{backend=\"cpu\",model_id=\"llama\","
                  "variant=\"algebraic\"}"),
             "2");
@@ -119,225 +162,166 @@ TEST(MetricsTest, RecordsMeasurementSamples) {
   EXPECT_EQ(s.at("rvd_measurement_duration_seconds_bucket{backend=\"cpu\","
                  "variant=\"algebraic\",le=\"0.0025\"}"),
             "0");
-  EXPECT_EQ(s.at("rvd_measurement_duration_seconds_bucket{backend=\"cpu\","
-                 "variant=\"algebraic\",le=\"0.0001\"}"),
-            "0");
-  EXPECT_EQ(s.at("rvd_measurement_duration_seconds_bucket{backend=\"cpu\","
-                 "variant=\"algebraic\",le=\"10\"}"),
-            "3");
   EXPECT_EQ(s.at("rvd_ingested_bytes_total"), "1024");
   EXPECT_EQ(s.at("rvd_errors_total{code=\"INVALID_ARGUMENT\"}"), "2");
   EXPECT_EQ(s.at("rvd_errors_total{code=\"NOT_FOUND\"}"), "1");
-  EXPECT_EQ(s.at("rvd_inflight_requests"), "3");
+  EXPECT_EQ(s.at("rvd_last_measurement_timestamp_seconds{model_id=\"llama\"}"),
+            "1700000002.5");
+  EXPECT_EQ(s.at("rvd_models"), "2");
+  EXPECT_EQ(s.at("rvd_series_dropped_total"), "0");
+  EXPECT_EQ(s.at("rvd_inflight_requests"), "0");
   EXPECT_EQ(s.at("rvd_build_info{backend=\"cpu\",engine_version=\"cpu-1\","
                  "version=\"0.1.0\"}"),
             "1");
-  EXPECT_EQ(std::stod(s.at(
-                "rvd_last_measurement_timestamp_seconds{model_id=\"llama\"}")),
-            1700000002.5);
-
-  // Off by default: no per-head series, no alert gauges.
-  EXPECT_THAT(text, Not(HasSubstr("rvd_participation_ratio_head")));
-  EXPECT_THAT(text, Not(HasSubstr("rvd_rv_below_threshold")));
-  EXPECT_THAT(text, Not(HasSubstr("rvd_rv_alert_threshold")));
-  // Every family has help text.
-  for (const char* family :
-       {"rvd_rv", "rvd_participation_ratio", "rvd_measurements_total",
-        "rvd_measurement_duration_seconds", "rvd_ingested_bytes_total",
-        "rvd_errors_total", "rvd_inflight_requests", "rvd_build_info",
-        "rvd_last_measurement_timestamp_seconds"}) {
-    EXPECT_THAT(text, HasSubstr(absl::StrCat("# HELP ", family, " ")))
-        << family;
-  }
+  EXPECT_EQ(s.count("rvd_rv_alert_threshold"), 0u);
+  EXPECT_EQ(Count(s, "rvd_rv_below_threshold"), 0);
+  EXPECT_EQ(Count(s, "rvd_participation_ratio_head"), 0);
 }
 
-// The engine's cumulative counts become counters that advance by growth:
-// reporting the same totals twice adds nothing.
-TEST(MetricsTest, ServedPathsFollowTheEngineTotals) {
-  Metrics metrics(Options(/*per_head=*/false, /*threshold=*/0));
-  metrics.RecordServed("cuda", {{"fused/fused-v4-x", 40}, {"fused/fused-v1-y", 0}});
-  metrics.RecordServed("cuda", {{"fused/fused-v4-x", 40}, {"fused/fused-v1-y", 0}});
-  metrics.RecordServed("cuda", {{"fused/fused-v4-x", 120}, {"fused/fused-v1-y", 3}});
-  const std::string text = Serialize(metrics);
-  const auto s = Samples(text);
-  EXPECT_EQ(s.at("rvd_engine_matrices_total{backend=\"cuda\",path=\"fused/fused-v4-x\"}"),
-            "120");
-  EXPECT_EQ(s.at("rvd_engine_matrices_total{backend=\"cuda\",path=\"fused/fused-v1-y\"}"), "3");
-  EXPECT_THAT(text, HasSubstr("# TYPE rvd_engine_matrices_total counter"));
-  // Phase seconds likewise.
-  metrics.RecordPhases("cuda", {{"h2d", 0.5}, {"compute", 0.25}});
-  metrics.RecordPhases("cuda", {{"h2d", 0.75}, {"compute", 0.25}});
-  const auto p = Samples(Serialize(metrics));
-  EXPECT_EQ(p.at("rvd_engine_seconds_total{backend=\"cuda\",phase=\"h2d\"}"), "0.75");
-  EXPECT_EQ(p.at("rvd_engine_seconds_total{backend=\"cuda\",phase=\"compute\"}"), "0.25");
-}
-
-TEST(MetricsTest, PerHeadSeriesOnlyWhenEnabled) {
-  Metrics off(Options(false, 0));
-  off.RecordMeasurement(MakeMeasurement("m", 1, 0.5));
-  EXPECT_THAT(Serialize(off), Not(HasSubstr("rvd_participation_ratio_head")));
-
-  Metrics on(Options(true, 0));
-  on.RecordMeasurement(MakeMeasurement("m", 1, 0.5));
-  const std::string text = Serialize(on);
-  EXPECT_THAT(text, HasSubstr("# HELP rvd_participation_ratio_head "));
-  const auto s = Samples(text);
-  EXPECT_EQ(s.at("rvd_participation_ratio_head{head=\"0\",layer=\"0\","
-                 "model_id=\"m\"}"),
-            "2.5");
-  EXPECT_EQ(s.at("rvd_participation_ratio_head{head=\"1\",layer=\"1\","
-                 "model_id=\"m\"}"),
-            "4.5");
-}
-
-TEST(MetricsTest, MissingRvRemovesTheStaleGauge) {
-  Metrics metrics(Options(false, 0.8));
-  metrics.RecordMeasurement(MakeMeasurement("m", 1, 0.5));
-  auto s = Samples(Serialize(metrics));
-  EXPECT_EQ(s.at("rvd_rv{model_id=\"m\"}"), "0.5");
+// The series describe each model's newest measurement, read from the index
+// at the scrape: no stale R_V, no layer the newest does not have.
+TEST(MetricsTest, SeriesFollowTheNewestMeasurement) {
+  Fixture f(Options(true, 0.8));
+  f.Record(MakeMeasurement("m", 1, 0.5, /*layers=*/3));
+  auto s = Samples(Serialize(f.metrics));
+  EXPECT_EQ(Count(s, "rvd_participation_ratio"), 3);
+  EXPECT_EQ(Count(s, "rvd_participation_ratio_head"), 6);
   EXPECT_EQ(s.at("rvd_rv_below_threshold{model_id=\"m\"}"), "1");
 
-  metrics.RecordMeasurement(MakeMeasurement("m", 2, std::nullopt));
-  s = Samples(Serialize(metrics));
+  f.Record(MakeMeasurement("m", 2, std::nullopt, /*layers=*/1));
+  s = Samples(Serialize(f.metrics));
   EXPECT_EQ(s.count("rvd_rv{model_id=\"m\"}"), 0u);
   EXPECT_EQ(s.count("rvd_rv_below_threshold{model_id=\"m\"}"), 0u);
-  // The rest of the measurement is still recorded.
-  EXPECT_EQ(s.at("rvd_participation_ratio{layer=\"0\",model_id=\"m\"}"), "10");
-  EXPECT_EQ(s.at("rvd_measurements_total{backend=\"cpu\",model_id=\"m\","
-                 "variant=\"algebraic\"}"),
-            "2");
+  EXPECT_EQ(Count(s, "rvd_participation_ratio"), 1);
+  EXPECT_EQ(Count(s, "rvd_participation_ratio_head"), 2);
+  EXPECT_EQ(s.at("rvd_participation_ratio_head{head=\"1\",layer=\"0\","
+                 "model_id=\"m\"}"),
+            "3.5");
 
-  metrics.RecordMeasurement(MakeMeasurement("m", 3, 0.9));
-  s = Samples(Serialize(metrics));
+  f.Record(MakeMeasurement("m", 3, 0.9));
+  s = Samples(Serialize(f.metrics));
   EXPECT_EQ(s.at("rvd_rv{model_id=\"m\"}"), "0.9");
   EXPECT_EQ(s.at("rvd_rv_below_threshold{model_id=\"m\"}"), "0");
-}
-
-TEST(MetricsTest, AlertThresholdGauges) {
-  Metrics metrics(Options(false, 0.8));
-  metrics.RecordMeasurement(MakeMeasurement("low", 1, 0.79));
-  metrics.RecordMeasurement(MakeMeasurement("high", 1, 0.8));
-  const std::string text = Serialize(metrics);
-  const auto s = Samples(text);
   EXPECT_EQ(s.at("rvd_rv_alert_threshold"), "0.8");
-  EXPECT_EQ(s.at("rvd_rv_below_threshold{model_id=\"low\"}"), "1");
-  EXPECT_EQ(s.at("rvd_rv_below_threshold{model_id=\"high\"}"), "0");
-  EXPECT_THAT(text, HasSubstr("# HELP rvd_rv_below_threshold "));
-  EXPECT_THAT(text, HasSubstr("# HELP rvd_rv_alert_threshold "));
+  EXPECT_EQ(s.at("rvd_measurements_total{backend=\"cpu\",model_id=\"m\","
+                 "variant=\"algebraic\"}"),
+            "3");
 }
 
-TEST(MetricsTest, LayersMissingFromTheNewestMeasurementAreRemoved) {
-  Metrics metrics(Options(true, 0));
-  metrics.RecordMeasurement(MakeMeasurement("m", 1, 0.5));
-  rvd::v1::Measurement fewer = MakeMeasurement("m", 2, 0.5);
-  fewer.mutable_layers()->RemoveLast();      // drop layer 1
-  fewer.mutable_layers(0)->clear_head_pr();  // and the heads of layer 0
-  fewer.mutable_layers(0)->set_pr(7);
-  metrics.RecordMeasurement(fewer);
-  const auto s = Samples(Serialize(metrics));
-  EXPECT_EQ(s.at("rvd_participation_ratio{layer=\"0\",model_id=\"m\"}"), "7");
-  EXPECT_EQ(s.count("rvd_participation_ratio{layer=\"1\",model_id=\"m\"}"), 0u);
-  for (const auto& [key, value] : s) {
-    EXPECT_THAT(key, Not(HasSubstr("rvd_participation_ratio_head"))) << key;
+// The budget holds the PR series to max_series: a model that does not fit
+// exports its R_V but no PR series, counted and logged, until a newer
+// measurement of it fits.
+TEST(MetricsTest, SeriesBudget) {
+  Fixture f(Options(/*per_head=*/false, 0, /*max_series=*/5));
+  f.Record(MakeMeasurement("a", 1, 0.5, 2));
+  f.Record(MakeMeasurement("b", 1, 0.5, 2));
+  f.Record(MakeMeasurement("c", 1, 0.5, 2));  // 2 + 2 + 2 > 5
+  auto s = Samples(Serialize(f.metrics));
+  EXPECT_EQ(Count(s, "rvd_participation_ratio"), 4);
+  EXPECT_EQ(s.count("rvd_participation_ratio{layer=\"0\",model_id=\"c\"}"), 0u);
+  EXPECT_EQ(s.at("rvd_rv{model_id=\"c\"}"), "0.5");
+  EXPECT_EQ(s.at("rvd_series_dropped_total"), "2");
+
+  f.Record(MakeMeasurement("c", 2, 0.5, 1));  // 2 + 2 + 1 fits
+  s = Samples(Serialize(f.metrics));
+  EXPECT_EQ(Count(s, "rvd_participation_ratio"), 5);
+  EXPECT_EQ(s.at("rvd_participation_ratio{layer=\"0\",model_id=\"c\"}"), "10");
+
+  f.Record(MakeMeasurement("a", 2, 0.5, 3));  // 3 + 2 + 1 > 5: a drops out
+  s = Samples(Serialize(f.metrics));
+  EXPECT_EQ(Count(s, "rvd_participation_ratio"), 3);
+  EXPECT_EQ(s.count("rvd_participation_ratio{layer=\"0\",model_id=\"a\"}"), 0u);
+  EXPECT_EQ(s.at("rvd_series_dropped_total"), "5");
+}
+
+// The engine's counters are read at each scrape, not pushed.
+TEST(MetricsTest, EngineStatsAreReadAtScrapeTime) {
+  Fixture f(Options(false, 0));
+  {
+    absl::MutexLock lock(&f.engine.mu);
+    f.engine.stats.served = {{"algebraic/cpu-avx512", 7}};
+    f.engine.stats.events = {{"plan_reused", 2}};
+    f.engine.stats.phase_seconds = {{"compute", 1.5}};
+    f.engine.stats.device_errors = {{"cudaErrorIllegalAddress", 1}};
+    f.engine.stats.device_bytes_held = 4096;
+    f.engine.stats.pinned_bytes_held = 1024;
+    f.engine.stats.healthy = false;
   }
-}
-
-// --- The HTTP endpoint -----------------------------------------------------
-
-// GET http://127.0.0.1:port/path over a raw socket; the whole response (status
-// line, headers and body) or "" on a connection error.
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return "";
+  auto s = Samples(Serialize(f.metrics));
+  EXPECT_EQ(s.at("rvd_engine_matrices_total{backend=\"cpu\",path=\"algebraic/"
+                 "cpu-avx512\"}"),
+            "7");
+  EXPECT_EQ(s.at("rvd_engine_events_total{backend=\"cpu\",event=\"plan_reused\"}"),
+            "2");
+  EXPECT_EQ(s.at("rvd_engine_seconds_total{backend=\"cpu\",phase=\"compute\"}"),
+            "1.5");
+  EXPECT_EQ(s.at("rvd_engine_errors_total{code=\"cudaErrorIllegalAddress\"}"),
+            "1");
+  EXPECT_EQ(s.at("rvd_engine_device_bytes"), "4096");
+  EXPECT_EQ(s.at("rvd_engine_pinned_bytes"), "1024");
+  EXPECT_EQ(s.at("rvd_engine_healthy"), "0");
+  {
+    absl::MutexLock lock(&f.engine.mu);
+    f.engine.stats.served["algebraic/cpu-avx512"] = 9;
+    f.engine.stats.healthy = true;
   }
-  const std::string request =
-      absl::StrCat("GET ", path,
-                   " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
-  if (::send(fd, request.data(), request.size(), 0) !=
-      static_cast<ssize_t>(request.size())) {
-    ::close(fd);
-    return "";
+  s = Samples(Serialize(f.metrics));
+  EXPECT_EQ(s.at("rvd_engine_matrices_total{backend=\"cpu\",path=\"algebraic/"
+                 "cpu-avx512\"}"),
+            "9");
+  EXPECT_EQ(s.at("rvd_engine_healthy"), "1");
+}
+
+TEST(MetricsTest, PoolWatchersAndGaps) {
+  Fixture f(Options(false, 0));
+  ASSERT_TRUE(f.pool.Run([] {}).ok());
+  absl::StatusOr<std::unique_ptr<Watch>> w =
+      f.history.Subscribe("", std::nullopt, {});
+  ASSERT_TRUE(w.ok());
+  for (int i = 0; i < 5; ++i) f.Record(MakeMeasurement("m", i, 0.5));  // queue 2
+  auto s = Samples(Serialize(f.metrics));
+  EXPECT_EQ(s.at("rvd_watchers"), "1");
+  EXPECT_EQ(s.at("rvd_watch_gap_entries_total"), "3");
+  EXPECT_EQ(s.at("rvd_compute_queue_length"), "0");
+  EXPECT_EQ(s.at("rvd_compute_running"), "0");
+  EXPECT_EQ(s.at("rvd_compute_queue_waits_total"), "1");
+  EXPECT_EQ(s.count("rvd_compute_queue_wait_seconds_total"), 1u);
+  EXPECT_EQ(s.at("rvd_compute_rejected_total"), "0");
+  w->reset();
+  s = Samples(Serialize(f.metrics));
+  EXPECT_EQ(s.at("rvd_watchers"), "0");
+}
+
+TEST(MetricsTest, RequestDurationsAndAnExactInflightGauge) {
+  Fixture f(Options(false, 0));
+  f.metrics.ObserveRequest("Measure", "OK", 0.002);
+  f.metrics.ObserveRequest("Measure", "OK", 20);
+  f.metrics.ObserveRequest("GetLatest", "NOT_FOUND", 0.0001);
+  constexpr int kThreads = 8;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&f] {
+      for (int i = 0; i < 1000; ++i) {
+        f.metrics.AddInflight(1);
+        f.metrics.AddInflight(-1);
+      }
+      f.metrics.AddInflight(1);
+    });
   }
-  std::string response;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) response.append(buf, n);
-  ::close(fd);
-  return response;
-}
-
-TEST(ExposerTest, ServesMetricsOnAnEphemeralPort) {
-  Metrics metrics(Options(false, 0));
-  metrics.RecordMeasurement(MakeMeasurement("scraped", 1, 0.625));
-  auto exposer = StartExposer("127.0.0.1:0", metrics.registry());
-  ASSERT_TRUE(exposer.ok()) << exposer.status();
-  const std::vector<int> ports = (*exposer)->GetListeningPorts();
-  ASSERT_EQ(ports.size(), 1u);
-  ASSERT_GT(ports[0], 0);
-
-  const std::string response = HttpGet(ports[0], "/metrics");
-  EXPECT_THAT(response, HasSubstr("200 OK"));
-  EXPECT_THAT(response, HasSubstr("rvd_rv{model_id=\"scraped\"} 0.625"));
-  EXPECT_THAT(response, HasSubstr("# TYPE rvd_measurements_total counter"));
-  EXPECT_THAT(response, HasSubstr("rvd_build_info{"));
-}
-
-TEST(ExposerTest, PortInUseIsAnErrorNotAnException) {
-  Metrics metrics(Options(false, 0));
-  auto first = StartExposer("127.0.0.1:0", metrics.registry());
-  ASSERT_TRUE(first.ok()) << first.status();
-  const int port = (*first)->GetListeningPorts().at(0);
-  auto second =
-      StartExposer(absl::StrCat("127.0.0.1:", port), metrics.registry());
-  ASSERT_FALSE(second.ok());
-  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable)
-      << second.status();
-  EXPECT_THAT(second.status().message(), HasSubstr(absl::StrCat(port)));
-  // The first one still serves.
-  EXPECT_THAT(HttpGet(port, "/metrics"), HasSubstr("rvd_build_info"));
-}
-
-TEST(ExposerTest, PortHeldByAnotherSocketIsAnError) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(fd, 1), 0);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const int port = ntohs(addr.sin_port);
-
-  Metrics metrics(Options(false, 0));
-  auto exposer =
-      StartExposer(absl::StrCat("127.0.0.1:", port), metrics.registry());
-  ::close(fd);
-  ASSERT_FALSE(exposer.ok());
-  EXPECT_EQ(exposer.status().code(), absl::StatusCode::kUnavailable);
-}
-
-TEST(ExposerTest, BadAddressesAreInvalidArgument) {
-  Metrics metrics(Options(false, 0));
-  for (const char* address :
-       {"", "9464", "127.0.0.1:", ":9464", "127.0.0.1:http", "127.0.0.1:99999",
-        "127.0.0.1:+80"}) {
-    auto exposer = StartExposer(address, metrics.registry());
-    ASSERT_FALSE(exposer.ok()) << address;
-    EXPECT_EQ(exposer.status().code(), absl::StatusCode::kInvalidArgument)
-        << address;
-  }
-  EXPECT_EQ(StartExposer("127.0.0.1:0", nullptr).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  for (std::thread& t : threads) t.join();
+  auto s = Samples(Serialize(f.metrics));
+  EXPECT_EQ(s.at("rvd_inflight_requests"), absl::StrCat(kThreads));
+  EXPECT_EQ(s.at("rvd_request_duration_seconds_count{code=\"OK\",method=\"Measure\"}"),
+            "2");
+  EXPECT_EQ(s.at("rvd_request_duration_seconds_bucket{code=\"OK\",method="
+                 "\"Measure\",le=\"10\"}"),
+            "1");
+  EXPECT_EQ(s.at("rvd_request_duration_seconds_bucket{code=\"OK\",method="
+                 "\"Measure\",le=\"30\"}"),
+            "2");
+  EXPECT_EQ(s.at("rvd_request_duration_seconds_count{code=\"NOT_FOUND\","
+                 "method=\"GetLatest\"}"),
+            "1");
 }
 
 // --- promtool --------------------------------------------------------------
@@ -354,9 +338,8 @@ std::pair<int, std::string> Promtool(const std::string& text) {
     std::ofstream f(in);
     f << text;
   }
-  const std::string command =
-      absl::StrCat(kPromtool, " check metrics < ", in.string(), " > ",
-                   out.string(), " 2>&1");
+  const std::string command = absl::StrCat(kPromtool, " check metrics < ",
+                                           in.string(), " > ", out.string(), " 2>&1");
   const int status = std::system(command.c_str());
   std::stringstream report;
   {
@@ -379,39 +362,74 @@ TEST(PromtoolTest, CheckMetricsIsClean) {
             0);
 
   // Everything on, so every family is linted.
-  Metrics metrics(Options(/*per_head=*/true, /*threshold=*/0.8));
-  metrics.RecordMeasurement(MakeMeasurement("llama-3-8b", 1, 0.75));
-  metrics.RecordMeasurement(MakeMeasurement("gpt2", 1, std::nullopt));
-  metrics.AddIngestedBytes(4096);
-  metrics.RecordError("INVALID_ARGUMENT");
-  metrics.SetInflight(1);
-  const std::string text = Serialize(metrics);
+  // 6 series a measurement: the first model fits, the second does not.
+  Fixture f(Options(/*per_head=*/true, /*threshold=*/0.8, /*max_series=*/8));
+  {
+    absl::MutexLock lock(&f.engine.mu);
+    f.engine.stats.served = {{"algebraic/cpu-avx512", 7}};
+    f.engine.stats.events = {{"plan_reused", 2}};
+    f.engine.stats.phase_seconds = {{"compute", 1.5}};
+    f.engine.stats.device_errors = {{"cudaErrorIllegalAddress", 1}};
+  }
+  absl::StatusOr<std::unique_ptr<Watch>> w =
+      f.history.Subscribe("", std::nullopt, {});
+  f.Record(MakeMeasurement("llama-3-8b", 1, 0.75));
+  f.Record(MakeMeasurement("gpt2", 1, std::nullopt));
+  f.Record(MakeMeasurement("gpt2", 2, 0.5));
+  f.metrics.AddIngestedBytes(4096);
+  f.metrics.RecordError("INVALID_ARGUMENT");
+  f.metrics.ObserveRequest("Measure", "OK", 0.01);
+  f.metrics.AddInflight(1);
+  const std::string text = Serialize(f.metrics);
+  for (const char* family :
+       {"rvd_rv", "rvd_participation_ratio_head", "rvd_series_dropped_total",
+        "rvd_engine_events_total", "rvd_engine_errors_total", "rvd_watchers",
+        "rvd_watch_gap_entries_total", "rvd_compute_queue_wait_seconds_total",
+        "rvd_request_duration_seconds", "rvd_rv_below_threshold"}) {
+    EXPECT_THAT(text, HasSubstr(absl::StrCat("# TYPE ", family, " "))) << family;
+  }
   const auto [exit_code, report] = Promtool(text);
   EXPECT_EQ(exit_code, 0) << "promtool check metrics:\n"
                           << report << "\non:\n"
                           << text;
 }
 
-// Many threads record at once; the counts add up exactly.
-TEST(MetricsTest, ConcurrentRecording) {
-  Metrics metrics(Options(true, 0.8));
+// Many threads record while others scrape; the counts add up exactly and
+// no scrape exceeds the series budget.
+TEST(MetricsTest, ConcurrentRecordingAndScraping) {
+  constexpr uint64_t kBudget = 7;
+  Fixture f(Options(true, 0.8, kBudget));
   constexpr int kThreads = 4;
-  constexpr int kEach = 500;
+  constexpr int kEach = 300;
+  std::atomic<bool> done{false};
+  std::atomic<int> over_budget{0};
+  std::thread scraper([&] {
+    while (!done.load()) {
+      const auto s = Samples(Serialize(f.metrics));
+      if (Count(s, "rvd_participation_ratio") +
+              Count(s, "rvd_participation_ratio_head") >
+          static_cast<int>(kBudget)) {
+        ++over_budget;
+      }
+    }
+  });
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&metrics, t] {
+    threads.emplace_back([&f, t] {
       for (int i = 0; i < kEach; ++i) {
-        metrics.RecordMeasurement(
-            MakeMeasurement(absl::StrCat("m", i % 3), i,
-                            i % 2 ? std::optional<double>(0.5) : std::nullopt));
-        metrics.AddIngestedBytes(1);
-        metrics.RecordError(t % 2 ? "INTERNAL" : "UNAVAILABLE");
-        metrics.SetInflight(i);
+        f.Record(MakeMeasurement(absl::StrCat("m", i % 3), i,
+                                 i % 2 ? std::optional<double>(0.5) : std::nullopt,
+                                 1 + (i + t) % 3));
+        f.metrics.AddIngestedBytes(1);
+        f.metrics.RecordError(t % 2 ? "INTERNAL" : "UNAVAILABLE");
       }
     });
   }
   for (auto& th : threads) th.join();
-  const auto s = Samples(Serialize(metrics));
+  done = true;
+  scraper.join();
+  EXPECT_EQ(over_budget.load(), 0);
+  const auto s = Samples(Serialize(f.metrics));
   EXPECT_EQ(s.at("rvd_ingested_bytes_total"), absl::StrCat(kThreads * kEach));
   EXPECT_EQ(s.at("rvd_errors_total{code=\"INTERNAL\"}"),
             absl::StrCat(kThreads / 2 * kEach));

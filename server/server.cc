@@ -4,16 +4,21 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
 #include <chrono>
+#include <memory>
 #include <mutex>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "rvd/v1/limits.h"
 #include "server/backend.h"
 #include "server/compute_pool.h"
+#include "server/engine_health.h"
 #include "server/history.h"
 #include "server/metrics.h"
 #include "server/metrics_http.h"
+#include "server/request_metrics.h"
 #include "server/service.h"
 #include "spdlog/spdlog.h"
 
@@ -21,17 +26,28 @@ namespace rvd {
 namespace {
 
 constexpr char kServiceName[] = "rvd.v1.Rvd";
+// The in-memory log keeps at least this many measurements (over all models)
+// for watchers that resume (WatchRequest.after_sequence).
+constexpr size_t kMinLogRetained = 4096;
+// Measurements queued per watcher before it is sent a gap.
+constexpr size_t kWatchQueue = 1024;
 
 class ServerImpl final : public Server {
  public:
   ServerImpl(const Config& config, std::unique_ptr<Engine> engine)
       : engine_(std::move(engine)),
         pool_(config.compute_workers, config.max_inflight_requests),
-        history_(config.history_capacity, config.max_models),
-        metrics_(MetricsOptions{config.per_head_metrics,
-                                config.rv_alert_threshold, RVD_VERSION,
-                                engine_->Backend(), engine_->Version()}),
-        service_(*engine_, pool_, history_, metrics_,
+        history_(NewMemLog(std::max<size_t>(config.history_capacity,
+                                            kMinLogRetained)),
+                 History::Options{config.history_capacity, config.max_models,
+                                  config.max_watchers, kWatchQueue}),
+        metrics_(std::make_shared<Metrics>(
+            MetricsOptions{config.per_head_metrics, config.rv_alert_threshold,
+                           RVD_VERSION, engine_->Backend(), engine_->Version(),
+                           config.max_metric_series},
+            MetricsSources{&history_.index(), engine_.get(), &pool_,
+                           &history_.bus()})),
+        service_(*engine_, pool_, history_, *metrics_,
                  ServiceLimits{config.max_request_bytes,
                                config.max_inflight_requests,
                                config.default_variant,
@@ -43,7 +59,7 @@ class ServerImpl final : public Server {
   absl::Status Listen(const Config& config) {
     if (!config.metrics_address.empty()) {
       absl::StatusOr<std::unique_ptr<prometheus::Exposer>> exposer =
-          StartMetricsHttp(config.metrics_address, metrics_.registry());
+          StartMetricsHttp(config.metrics_address, metrics_);
       if (!exposer.ok()) return exposer.status();
       exposer_ = *std::move(exposer);
     }
@@ -53,6 +69,13 @@ class ServerImpl final : public Server {
     builder.AddListeningPort(config.grpc_address,
                              grpc::InsecureServerCredentials(), &port_);
     builder.RegisterService(&service_);
+    {
+      std::vector<std::unique_ptr<
+          grpc::experimental::ServerInterceptorFactoryInterface>>
+          interceptors;
+      interceptors.push_back(NewRequestMetricsFactory(metrics_.get()));
+      builder.experimental().SetInterceptorCreators(std::move(interceptors));
+    }
     // gRPC refuses a larger message (RESOURCE_EXHAUSTED) from its length
     // prefix; tensors beyond one message go by MeasureStream.
     builder.SetMaxReceiveMessageSize(rvd::v1::kMaxRequestMessageBytes);
@@ -68,11 +91,16 @@ class ServerImpl final : public Server {
     grpc_->GetHealthCheckService()->SetServingStatus(
         "rvd.backend." + engine_->Backend(), true);
     grpc_->GetHealthCheckService()->SetServingStatus(true);
+    // Health follows the engine: a lost device turns it NOT_SERVING.
+    health_watch_ = std::make_unique<EngineHealthWatch>(
+        *engine_, [this](bool serving) { grpc_->GetHealthCheckService()->SetServingStatus(serving); },
+        absl::Seconds(1));
     return absl::OkStatus();
   }
 
   void Shutdown() override {
     std::call_once(shutdown_once_, [this] {
+      health_watch_.reset();  // before the server it reports to goes
       if (grpc_ != nullptr) {
         grpc_->GetHealthCheckService()->SetServingStatus(false);
         service_.StopWatches();
@@ -99,10 +127,12 @@ class ServerImpl final : public Server {
   std::unique_ptr<Engine> engine_;
   ComputePool pool_;
   History history_;
-  Metrics metrics_;
+  // Shared with the exposer, which holds it weakly; outlives exposer_.
+  std::shared_ptr<Metrics> metrics_;
   RvdService service_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<grpc::Server> grpc_;
+  std::unique_ptr<EngineHealthWatch> health_watch_;
   int port_ = 0;
   std::once_flag shutdown_once_;
 };
@@ -115,11 +145,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Config& config) {
   absl::StatusOr<std::unique_ptr<Engine>> engine =
       CreateEngine(config.backend, config.engine_threads,
                    CudaEngineOptions{config.cuda_device, config.cuda_streams,
-                                     config.cuda_max_device_bytes},
+                                     config.cuda_max_device_bytes, config.cuda_max_sms},
                    &why);
   if (!engine.ok()) return engine.status();
   spdlog::info("{}; engine {}, default variant {}", why, (*engine)->Version(),
                (*engine)->DefaultVariant());
+  // The kernels' tuning knobs go to the log (and rvd_kernel_info), not to
+  // the names dashboards and tests use.
+  for (const auto& [technique, policy] : (*engine)->Stats().kernel_policies) {
+    spdlog::info("kernel {}: policy {}", technique, policy);
+  }
   spdlog::info("data_dir {} is not used yet (reserved for the durable history)",
                config.data_dir);
   auto server = std::make_unique<ServerImpl>(config, *std::move(engine));

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <new>
+#include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -33,17 +36,15 @@ grpc::Status ToGrpc(const absl::Status& s) {
 // worker or on one), never while bytes are still arriving.
 class InflightSlot {
  public:
-  InflightSlot(std::atomic<int64_t>& counter, int64_t limit, Metrics& metrics)
-      : counter_(counter), metrics_(metrics) {
+  InflightSlot(std::atomic<int64_t>& counter, int64_t limit)
+      : counter_(counter) {
     acquired_ = counter_.fetch_add(1) < limit;
-    metrics_.SetInflight(counter_.load());
   }
-  ~InflightSlot() { metrics_.SetInflight(counter_.fetch_sub(1) - 1); }
+  ~InflightSlot() { counter_.fetch_sub(1); }
   bool acquired() const { return acquired_; }
 
  private:
   std::atomic<int64_t>& counter_;
-  Metrics& metrics_;
   bool acquired_;
 };
 
@@ -92,7 +93,7 @@ RvdService::RvdService(Engine& engine, ComputePool& pool, History& history,
 
 void RvdService::StopWatches() {
   stopping_ = true;
-  history_.CloseAllSubscriptions();
+  history_.CloseWatches();
 }
 
 grpc::Status RvdService::Finish(const absl::Status& status) {
@@ -107,7 +108,7 @@ absl::Status RvdService::Run(grpc::ServerContext* context,
                              const MeasureHeader& header,
                              const std::vector<std::string_view>& data,
                              Measurement* response) {
-  InflightSlot slot(inflight_, limits_.max_inflight_requests, metrics_);
+  InflightSlot slot(inflight_, limits_.max_inflight_requests);
   if (!slot.acquired()) return Busy(limits_.max_inflight_requests);
   const absl::Time deadline = Deadline(context);
   // IsCancelled is also true once the deadline has passed.
@@ -138,21 +139,22 @@ absl::Status RvdService::Run(grpc::ServerContext* context,
         "the result was not recorded");
   }
   m->set_receive_ms(response->receive_ms());
-  if (absl::Status s = history_.Add(*m); !s.ok()) return s;
-  metrics_.RecordMeasurement(*m);
-  // Which kernels have served (cumulative, non-zero paths): the log's and
-  // /metrics' proof of the path that ran.
+  absl::StatusOr<MeasurementLog::Entry> stored = history_.Add(*m);
+  if (!stored.ok()) return stored.status();
+  m->set_sequence((*stored)->sequence());
+  metrics_.RecordMeasurement(**stored);
+  // Which kernels have served (cumulative, non-zero paths): the log's proof
+  // of the path that ran (/metrics reads the engine's counters itself).
   const std::map<std::string, int64_t> served = engine_.ServedCounts();
-  metrics_.RecordServed(engine_.Backend(), served);
-  metrics_.RecordPhases(engine_.Backend(), engine_.PhaseSeconds());
   std::string served_text;
   for (const auto& [path, n] : served) {
     if (n > 0) absl::StrAppend(&served_text, served_text.empty() ? "" : ",", path, "=", n);
   }
   spdlog::info(
-      "measured model={} step={} rv={} layers={} variant={} backend={} "
-      "engine={} receive_ms={:.3f} elapsed_ms={:.3f} served_total={}",
-      LogEscape(m->model_id()), m->step(),
+      "measured model={} step={} seq={} rv={} layers={} variant={} "
+      "backend={} engine={} receive_ms={:.3f} elapsed_ms={:.3f} "
+      "served_total={}",
+      LogEscape(m->model_id()), m->step(), m->sequence(),
       m->has_rv() ? absl::StrCat(m->rv()) : "absent", m->layers_size(),
       LogEscape(m->variant()), m->backend(), m->engine_version(),
       m->receive_ms(), m->elapsed_ms(), served_text);
@@ -322,12 +324,12 @@ grpc::Status RvdService::GetLatest(grpc::ServerContext*,
   if (absl::Status s = ValidateModelId(request->model_id()); !s.ok()) {
     return Finish(s);
   }
-  std::optional<Measurement> m = history_.Latest(request->model_id());
-  if (!m) {
+  MeasurementLog::Entry m = history_.index().Latest(request->model_id());
+  if (m == nullptr) {
     return Finish(absl::NotFoundError(
         absl::StrCat("no measurements of model '", request->model_id(), "'")));
   }
-  *response = *std::move(m);
+  *response = *m;
   return grpc::Status::OK;
 }
 
@@ -337,38 +339,165 @@ grpc::Status RvdService::GetHistory(grpc::ServerContext*,
   if (absl::Status s = ValidateModelId(request->model_id()); !s.ok()) {
     return Finish(s);
   }
-  absl::StatusOr<std::vector<Measurement>> ms =
-      history_.Get(request->model_id(), request->limit());
+  absl::StatusOr<std::vector<MeasurementLog::Entry>> ms =
+      history_.index().Get(request->model_id(), request->limit());
   if (!ms.ok()) return Finish(ms.status());
-  for (Measurement& m : *ms) *response->add_measurements() = std::move(m);
+  for (const MeasurementLog::Entry& m : *ms) *response->add_measurements() = *m;
   return grpc::Status::OK;
 }
 
 grpc::Status RvdService::ListModels(grpc::ServerContext*,
                                     const rvd::v1::ListModelsRequest*,
                                     rvd::v1::ListModelsResponse* response) {
-  for (rvd::v1::ModelSummary& s : history_.Models()) {
-    *response->add_models() = std::move(s);
+  for (const MeasurementIndex::ModelState& s : history_.index().Models()) {
+    rvd::v1::ModelSummary* summary = response->add_models();
+    summary->set_model_id(s.model_id);
+    summary->set_measurements(s.kept);
+    *summary->mutable_latest() = *s.latest;
   }
   return grpc::Status::OK;
 }
 
-grpc::Status RvdService::WatchMeasurements(
-    grpc::ServerContext* context, const rvd::v1::WatchRequest* request,
-    grpc::ServerWriter<Measurement>* writer) {
-  if (!request->model_id().empty()) {
-    if (absl::Status s = ValidateModelId(request->model_id()); !s.ok()) {
-      return Finish(s);
+namespace {
+
+// One WatchMeasurements stream on gRPC's callback API: writes one event at a
+// time, pulled from a Watch (the log, then the bus) whenever no write is in
+// flight. Pump runs on gRPC's threads (start, write done, cancel) and on the
+// publishing thread (the bus's notify), serialized by mu_. StartWrite and
+// Finish are called with mu_ released, so that a reaction gRPC ran inline
+// could not deadlock on it.
+//
+// Lifetime: gRPC calls OnDone once, after Finish and every write; OnDone
+// detaches the Watch (waiting out a notify in progress) before deleting the
+// reactor, so that no callback reaches a deleted reactor.
+class WatchReactor final : public grpc::ServerWriteReactor<rvd::v1::WatchEvent> {
+ public:
+  // `finish` counts a failed stream in /metrics and converts its status.
+  explicit WatchReactor(std::function<grpc::Status(const absl::Status&)> finish)
+      : finish_(std::move(finish)) {}
+
+  // Starts the stream over `watch` (nullptr: ends it with `status`).
+  void Start(absl::StatusOr<std::unique_ptr<Watch>> watch) {
+    if (!watch.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        finished_ = true;
+      }
+      Finish(finish_(watch.status()));
+      return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      watch_ = *std::move(watch);
+    }
+    // The client learns the stream is open before the first event.
+    StartSendInitialMetadata();
+    Pump();
+  }
+
+  // The bus's notify: a live event is queued, or the bus closed.
+  void Notify() { Pump(); }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) gone_ = true;  // the client went away or the call ended
+    }
+    Pump();
+  }
+
+  void OnCancel() override {
+    {
+      absl::MutexLock lock(&mu_);
+      gone_ = true;
+    }
+    Pump();
+  }
+
+  void OnDone() override {
+    if (watch_ != nullptr) watch_->Detach();
+    delete this;
+  }
+
+ private:
+  void Pump() {
+    std::optional<grpc::Status> finish;
+    {
+      absl::MutexLock lock(&mu_);
+      if (writing_ || finished_ || watch_ == nullptr) return;
+      if (gone_) {
+        finish = grpc::Status(grpc::StatusCode::CANCELLED,
+                              "the watch stream was cancelled");
+      } else if (watch_->closed()) {
+        finish = grpc::Status(
+            grpc::StatusCode::UNAVAILABLE,
+            absl::StrCat("rvd is shutting down; resume with after_sequence ",
+                         watch_->cursor()));
+      } else {
+        absl::StatusOr<std::optional<BusEvent>> next = watch_->Next();
+        if (!next.ok()) {
+          finish = finish_(next.status());
+        } else if (next->has_value()) {
+          ToProto(**next, &event_);
+          writing_ = true;
+        } else {
+          return;  // nothing now: the bus notifies
+        }
+      }
+      if (finish.has_value()) finished_ = true;
+    }
+    if (finish.has_value()) {
+      Finish(*std::move(finish));
+    } else {
+      StartWrite(&event_);
     }
   }
-  std::shared_ptr<Subscription> sub = history_.Subscribe(request->model_id());
-  while (!stopping_ && !context->IsCancelled()) {
-    std::optional<Measurement> m = sub->Next(absl::Milliseconds(200));
-    if (!m && sub->closed()) break;      // shutting down
-    if (m && !writer->Write(*m)) break;  // the client went away
+
+  static void ToProto(const BusEvent& e, rvd::v1::WatchEvent* out) {
+    out->Clear();
+    if (const auto* m = std::get_if<MeasurementLog::Entry>(&e)) {
+      *out->mutable_measurement() = **m;
+      return;
+    }
+    const GapMarker& g = std::get<GapMarker>(e);
+    rvd::v1::Gap* gap = out->mutable_gap();
+    gap->set_first_sequence(g.first_sequence);
+    gap->set_last_sequence(g.last_sequence);
+    gap->set_missed(g.missed);
+    gap->set_reason(g.reason == GapMarker::Reason::kSlowConsumer
+                        ? rvd::v1::GAP_REASON_SLOW_CONSUMER
+                        : rvd::v1::GAP_REASON_NOT_RETAINED);
   }
-  history_.Unsubscribe(sub);
-  return grpc::Status::OK;
+
+  const std::function<grpc::Status(const absl::Status&)> finish_;
+  absl::Mutex mu_;
+  // Set once in Start, before any other thread can reach it; read by Pump
+  // under mu_ and by OnDone after every other reaction.
+  std::unique_ptr<Watch> watch_;
+  rvd::v1::WatchEvent event_;  // the write in flight; Pump's while !writing_
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;   // a StartWrite is in flight
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish called or due
+  bool gone_ ABSL_GUARDED_BY(mu_) = false;      // cancelled or a write failed
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<rvd::v1::WatchEvent>* RvdService::WatchMeasurements(
+    grpc::CallbackServerContext*, const rvd::v1::WatchRequest* request) {
+  auto* reactor = new WatchReactor(
+      [this](const absl::Status& s) { return Finish(s); });
+  if (!request->model_id().empty()) {
+    if (absl::Status s = ValidateModelId(request->model_id()); !s.ok()) {
+      reactor->Start(s);
+      return reactor;
+    }
+  }
+  std::optional<uint64_t> after;
+  if (request->has_after_sequence()) after = request->after_sequence();
+  reactor->Start(history_.Subscribe(request->model_id(), after,
+                                    [reactor] { reactor->Notify(); }));
+  return reactor;
 }
 
 }  // namespace rvd

@@ -1,7 +1,8 @@
 // The rvd.v1.Rvd gRPC service: receives tensors, hands the computation to
 // the compute pool, stores and publishes the result. Converts absl::Status
 // to grpc::Status here and nowhere else. Thread-safe (gRPC's sync server
-// calls handlers from many threads).
+// calls handlers from many threads). WatchMeasurements is on gRPC's callback
+// API: a watch stream holds a reactor, not a thread.
 #ifndef RVD_SERVER_SERVICE_H_
 #define RVD_SERVER_SERVICE_H_
 
@@ -29,12 +30,15 @@ struct ServiceLimits {
   absl::Duration stream_idle_timeout = absl::Seconds(30);
 };
 
-class RvdService final : public rvd::v1::Rvd::Service {
+class RvdService final
+    : public rvd::v1::Rvd::WithCallbackMethod_WatchMeasurements<
+          rvd::v1::Rvd::Service> {
  public:
   RvdService(Engine& engine, ComputePool& pool, History& history,
              Metrics& metrics, const ServiceLimits& limits);
 
-  // Makes WatchMeasurements streams return; called before shutdown.
+  // Ends every WatchMeasurements stream (UNAVAILABLE, with the cursor to
+  // resume from) and refuses new ones; called before shutdown.
   void StopWatches();
 
   // Received tensor bytes held now, all requests together.
@@ -55,9 +59,11 @@ class RvdService final : public rvd::v1::Rvd::Service {
   grpc::Status ListModels(grpc::ServerContext* context,
                           const rvd::v1::ListModelsRequest* request,
                           rvd::v1::ListModelsResponse* response) override;
-  grpc::Status WatchMeasurements(
-      grpc::ServerContext* context, const rvd::v1::WatchRequest* request,
-      grpc::ServerWriter<rvd::v1::Measurement>* writer) override;
+  // A stream in sequence order: the log after request.after_sequence, then
+  // the bus (history.h); at most max_watchers at once.
+  grpc::ServerWriteReactor<rvd::v1::WatchEvent>* WatchMeasurements(
+      grpc::CallbackServerContext* context,
+      const rvd::v1::WatchRequest* request) override;
 
  private:
   // The compute phase of one measurement from validated input: takes an

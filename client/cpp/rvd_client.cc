@@ -132,16 +132,17 @@ absl::StatusOr<std::vector<rvd::v1::ModelSummary>> RvdClient::ListModels() {
 }
 
 absl::Status RvdClient::Watch(
-    const std::string& model_id,
-    const std::function<bool(const rvd::v1::Measurement&)>& on_measurement) {
+    const std::string& model_id, std::optional<uint64_t> after_sequence,
+    const std::function<bool(const rvd::v1::WatchEvent&)>& on_event) {
   grpc::ClientContext context;
   rvd::v1::WatchRequest request;
   request.set_model_id(model_id);
-  std::unique_ptr<grpc::ClientReader<rvd::v1::Measurement>> reader =
+  if (after_sequence.has_value()) request.set_after_sequence(*after_sequence);
+  std::unique_ptr<grpc::ClientReader<rvd::v1::WatchEvent>> reader =
       stub_->WatchMeasurements(&context, request);
-  rvd::v1::Measurement m;
-  while (reader->Read(&m)) {
-    if (!on_measurement(m)) {
+  rvd::v1::WatchEvent event;
+  while (reader->Read(&event)) {
+    if (!on_event(event)) {
       context.TryCancel();
       break;
     }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,11 +39,13 @@ class RvdClient {
   absl::StatusOr<std::vector<rvd::v1::Measurement>> GetHistory(
       const std::string& model_id, uint32_t limit);
   absl::StatusOr<std::vector<rvd::v1::ModelSummary>> ListModels();
-  // Calls on_measurement for each new measurement until it returns false or
-  // the stream ends.
+  // Calls on_event for each event of a watch stream (a measurement, or a
+  // gap marker where rvd skipped some) until it returns false or the stream
+  // ends. after_sequence: the resume cursor (WatchRequest.after_sequence);
+  // nullopt: only measurements stored from now on.
   absl::Status Watch(
-      const std::string& model_id,
-      const std::function<bool(const rvd::v1::Measurement&)>& on_measurement);
+      const std::string& model_id, std::optional<uint64_t> after_sequence,
+      const std::function<bool(const rvd::v1::WatchEvent&)>& on_event);
 
  private:
   std::unique_ptr<rvd::v1::Rvd::Stub> stub_;

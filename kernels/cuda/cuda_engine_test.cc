@@ -210,7 +210,7 @@ TEST_F(CudaEngineTest, ExactVariantsMatchOracle) {
         k = sh.rows <= 128 ? (dt == DType::kF32 ? FusedKernel::kV4 : FusedKernel::kV4Triangle)
                            : (dt == DType::kF32 ? FusedKernel::kV3 : FusedKernel::kV4);
       }
-      expected[absl::StrCat("fused/", FusedTechnique(k, dt))] += 4;  // 4 spectra
+      expected[absl::StrCat("fused/", FusedTechnique(k, dt))] += std::size(kAllSpectra);
     }
   }
   for (const auto& [path, n] : counts) {

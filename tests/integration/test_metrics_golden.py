@@ -18,7 +18,9 @@ import numpy as np
 from rvdtest import Daemon, rvd_pb2
 
 GOLDEN = pathlib.Path(__file__).parent / "golden" / "metrics.txt"
-TIME_DEPENDENT = ("rvd_measurement_duration_seconds", "rvd_last_measurement_timestamp_seconds")
+TIME_DEPENDENT = ("rvd_measurement_duration_seconds", "rvd_last_measurement_timestamp_seconds",
+                  "rvd_request_duration_seconds", "rvd_compute_queue_wait_seconds_total",
+                  "rvd_engine_seconds_total")
 # Labels or values that depend on this machine's kernel (cpu-avx512-1 or
 # cpu-openblas-1): which Gram path served (rvd_engine_matrices_total) is
 # compared by name and labels only.
@@ -68,6 +70,9 @@ def fixed_request(model_id, step):
 def test_metrics_match_golden_file(tmp_path):
     d = Daemon(tmp_path, per_head_metrics=True, rv_alert_threshold=1.5)
     try:
+        # One watcher attached throughout: rvd_watchers 1.
+        watch = d.stub.WatchMeasurements(rvd_pb2.WatchRequest(model_id="golden-a"))
+        watch.initial_metadata()
         d.stub.Measure(fixed_request("golden-a", 1))
         d.stub.Measure(fixed_request("golden-b", 2))
         d.stub.Measure(fixed_request("golden-a", 3))
@@ -79,6 +84,7 @@ def test_metrics_match_golden_file(tmp_path):
             pass
         text = urllib.request.urlopen(f"http://{d.metrics_address}/metrics",
                                       timeout=5).read().decode()
+        watch.cancel()
     finally:
         d.stop()
     got = normalize(text)
