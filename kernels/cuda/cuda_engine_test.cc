@@ -138,13 +138,10 @@ class CudaEngineTest : public ::testing::Test {
     Check(*out, ref, suite, what);
     EXPECT_EQ(engine_->Stats().events["oracle_fallback"], fallbacks);
   }
-  // Fresh inputs for every run; RVD_TEST_SEED=<seed> replays one.
-  static uint64_t Seed() {
-    const char* env = std::getenv("RVD_TEST_SEED");
-    return env != nullptr ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-  }
-  const uint64_t seed_ = Seed();
-  std::mt19937_64 rng_{seed_};
+  // Fresh inputs for every run (TestSeed); RVD_TEST_SEED=<seed> replays one.
+  const uint64_t seed_ = TestSeed();
+  std::mt19937_64 rng_ = SeededRng(
+      ::testing::UnitTest::GetInstance()->current_test_info()->name());
   std::unique_ptr<CudaEngine> engine_;
   // Printed with every failure of the test.
   ::testing::ScopedTrace seed_trace_{__FILE__, __LINE__,
