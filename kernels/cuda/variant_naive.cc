@@ -26,30 +26,37 @@ class NaiveVariant : public Variant {
     const auto& views = ctx.pending.device_views;
     absl::Status s = ctx.Cusolver();
     if (!s.ok()) return s;
-    // Workspace (after the stats) for the largest matrix, queried before
-    // anything is queued: the float64 copy, tau, R, the singular values,
-    // the larger of geqrf's and gesvd's work, and info.
+    // Workspace (after the stats) for the largest matrix: the float64 copy,
+    // tau, R, the singular values, info, then the larger of geqrf's and
+    // gesvd's work, whose size cuSOLVER tells once the copy has memory.
+    uint64_t a_bytes = 0, n_bytes = 0, r_bytes = 0;
+    for (const MatrixView& v : views) {
+      const uint64_t mr = std::max(v.rows, v.cols), nc = std::min(v.rows, v.cols);
+      a_bytes = std::max<uint64_t>(a_bytes, mr * nc * sizeof(double));
+      n_bytes = std::max<uint64_t>(n_bytes, nc * sizeof(double));
+      r_bytes = std::max<uint64_t>(r_bytes, nc * nc * sizeof(double));
+    }
+    Layout l;
+    const uint64_t o_a = l.Add(a_bytes), o_tau = l.Add(n_bytes), o_r = l.Add(r_bytes),
+                   o_s = l.Add(n_bytes), o_info = l.Add(2 * sizeof(int)), o_w = l.size();
+    std::vector<double> trace;
+    uint64_t extra = 0;
+    s = ChunkTraces(ctx, l.size(), &trace, &extra);
+    if (!s.ok()) return s;
+    // The traces are on the host now: growing `work` may drop its contents.
     std::vector<int> lwork(views.size());
-    uint64_t a_bytes = 0, n_bytes = 0, r_bytes = 0, w_bytes = 0;
+    int most = 0;
     for (size_t i = 0; i < views.size(); ++i) {
       const int mr = static_cast<int>(std::max(views[i].rows, views[i].cols));
       const int nc = static_cast<int>(std::min(views[i].rows, views[i].cols));
       int qr = 0, svd = 0;
-      RVD_CUDA_RETURN_IF_ERROR(
-          cusolverDnDgeqrf_bufferSize(ctx.cusolver, mr, nc, nullptr, mr, &qr));
+      RVD_CUDA_RETURN_IF_ERROR(cusolverDnDgeqrf_bufferSize(
+          ctx.cusolver, mr, nc, At<double>(ctx.work.data(), extra + o_a), mr, &qr));
       RVD_CUDA_RETURN_IF_ERROR(cusolverDnDgesvd_bufferSize(ctx.cusolver, nc, nc, &svd));
       lwork[i] = std::max(qr, svd);
-      a_bytes = std::max<uint64_t>(a_bytes, uint64_t(mr) * nc * sizeof(double));
-      n_bytes = std::max<uint64_t>(n_bytes, uint64_t(nc) * sizeof(double));
-      r_bytes = std::max<uint64_t>(r_bytes, uint64_t(nc) * nc * sizeof(double));
-      w_bytes = std::max<uint64_t>(w_bytes, uint64_t(lwork[i]) * sizeof(double));
+      most = std::max(most, lwork[i]);
     }
-    Layout l;
-    const uint64_t o_a = l.Add(a_bytes), o_tau = l.Add(n_bytes), o_r = l.Add(r_bytes),
-                   o_s = l.Add(n_bytes), o_w = l.Add(w_bytes), o_info = l.Add(2 * sizeof(int));
-    std::vector<double> trace;
-    uint64_t extra = 0;
-    s = ChunkTraces(ctx, l.size(), &trace, &extra);
+    s = ctx.work.Reserve(ctx.cap, extra + o_w + uint64_t(most) * sizeof(double), ctx.stream);
     if (!s.ok()) return s;
     void* const w = At<void>(ctx.work.data(), extra);
     double* const a = At<double>(w, o_a);
