@@ -1,22 +1,31 @@
 # rvd's two set-up commands on a fresh Debian 12 machine:
 #   make run    install missing packages (as root), build, start rvd on config/rvd.yaml
 #   make test   the same set-up, then every test this machine can run
-# `make build` only builds; `make bench` runs the CPU benchmark.
+# `make build` only builds; `make bench` runs the CPU benchmark; `make asan`
+# runs the tests under ASan+UBSan; `make fuzz` runs each fuzz target.
 
 BUILD_DIR ?= build
+ASAN_BUILD_DIR ?= build-asan
+FUZZ_BUILD_DIR ?= build-fuzz
 BUILD_TYPE ?= RelWithDebInfo
 JOBS ?= $(shell nproc)
 CONFIG ?= config/rvd.yaml
+# Extra CMake arguments for BUILD_DIR, e.g. -DRVD_WERROR=ON.
+CMAKE_ARGS ?=
+# Seconds each fuzz target runs.
+FUZZ_SECONDS ?= 60
 
-# Everything rvd builds and tests with comes from Debian 12.
+# Everything rvd builds and tests with comes from Debian 12 (clang and
+# libclang-rt-14-dev: the fuzz targets; g++'s own libasan/libubsan: make asan).
 DEBIAN_PACKAGES := cmake g++ make pkg-config \
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc \
   prometheus-cpp-dev libabsl-dev libyaml-cpp-dev libspdlog-dev \
   libgtest-dev libgmock-dev libopenblas-dev liblapacke-dev nlohmann-json3-dev \
   libcurl4-openssl-dev libcivetweb-dev libcli11-dev prometheus \
-  python3-grpcio python3-protobuf python3-numpy python3-pytest
+  python3-grpcio python3-protobuf python3-numpy python3-pytest \
+  clang libclang-rt-14-dev
 
-.PHONY: deps build run test bench clean
+.PHONY: deps build run test asan fuzz bench clean
 
 deps:
 	@missing=$$(for p in $(DEBIAN_PACKAGES); do \
@@ -32,7 +41,7 @@ deps:
 	fi
 
 build: deps
-	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_ARGS)
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 run: build
@@ -42,8 +51,24 @@ run: build
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -LE gpu
 
+# The unit and integration tests built with AddressSanitizer and
+# UndefinedBehaviorSanitizer (CPU only; reports fail the run: see
+# tests/sanitizers/run_tests.sh).
+asan: deps
+	cmake -S . -B $(ASAN_BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	  -DRVD_CUDA=OFF -DRVD_SANITIZE=address,undefined
+	cmake --build $(ASAN_BUILD_DIR) -j $(JOBS)
+	tests/sanitizers/run_tests.sh $(ASAN_BUILD_DIR)
+
+# The libFuzzer targets (clang; tests/fuzz), each run FUZZ_SECONDS on its corpus.
+fuzz: deps
+	cmake -S . -B $(FUZZ_BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DRVD_CUDA=OFF \
+	  -DRVD_FUZZ=ON -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
+	cmake --build $(FUZZ_BUILD_DIR) -j $(JOBS) --target rvd_fuzzers
+	tests/fuzz/run_fuzzers.sh $(FUZZ_BUILD_DIR) $(FUZZ_SECONDS)
+
 bench: build
 	$(BUILD_DIR)/bin/rvd_bench_cpu
 
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(ASAN_BUILD_DIR) $(FUZZ_BUILD_DIR)

@@ -54,7 +54,12 @@
 #include <vector>
 
 #if defined(__x86_64__)
+// GCC 12's AVX-512 intrinsics trip -Wmaybe-uninitialized on their own
+// placeholder operands (`__m512d __Y = __Y;`, GCC bug 105593, fixed in 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #endif
 
 #include <cblas.h>

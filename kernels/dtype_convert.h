@@ -19,6 +19,7 @@
 #include <cstring>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -109,9 +110,13 @@ inline bool CpuHasAvx2() {
   return has;
 }
 
+// CPUID leaf 1, ECX bit 29: clang 14's __builtin_cpu_supports has no "f16c".
 inline bool CpuHasF16C() {
-  static const bool has =
-      __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) &&
+           (c & bit_F16C) != 0;
+  }();
   return has;
 }
 #endif
