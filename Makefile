@@ -7,6 +7,7 @@
 BUILD_DIR ?= build
 ASAN_BUILD_DIR ?= build-asan
 FUZZ_BUILD_DIR ?= build-fuzz
+TSAN_BUILD_DIR ?= build-tsan
 BUILD_TYPE ?= RelWithDebInfo
 JOBS ?= $(shell nproc)
 CONFIG ?= config/rvd.yaml
@@ -25,7 +26,7 @@ DEBIAN_PACKAGES := cmake g++ make pkg-config \
   python3-grpcio python3-protobuf python3-numpy python3-pytest \
   clang libclang-rt-14-dev
 
-.PHONY: deps build run test asan fuzz bench clean
+.PHONY: deps build run test asan tsan fuzz bench clean
 
 deps:
 	@missing=$$(for p in $(DEBIAN_PACKAGES); do \
@@ -60,6 +61,19 @@ asan: deps
 	cmake --build $(ASAN_BUILD_DIR) -j $(JOBS)
 	tests/sanitizers/run_tests.sh $(ASAN_BUILD_DIR)
 
+# The concurrency tests (measurement log, index, event bus, history) under
+# ThreadSanitizer: only those targets and what they link (rvd::history,
+# absl), CPU only. Any report fails the run. Debian's absl::Mutex is made
+# visible to TSan by tests/tsan/absl_mutex_annotations.cc (see there).
+TSAN_TESTS := measurement_log_test measurement_index_test event_bus_test history_test
+tsan: deps
+	cmake -S . -B $(TSAN_BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	  -DRVD_CUDA=OFF -DRVD_SANITIZE=thread
+	cmake --build $(TSAN_BUILD_DIR) -j $(JOBS) --target $(TSAN_TESTS)
+	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+	  ctest --test-dir $(TSAN_BUILD_DIR) --output-on-failure \
+	  -R '^(measurement_log|measurement_index|event_bus|history)_test$$'
+
 # The libFuzzer targets (clang; tests/fuzz), each run FUZZ_SECONDS on its corpus.
 fuzz: deps
 	cmake -S . -B $(FUZZ_BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DRVD_CUDA=OFF \
@@ -71,4 +85,4 @@ bench: build
 	$(BUILD_DIR)/bin/rvd_bench_cpu
 
 clean:
-	rm -rf $(BUILD_DIR) $(ASAN_BUILD_DIR) $(FUZZ_BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(ASAN_BUILD_DIR) $(FUZZ_BUILD_DIR) $(TSAN_BUILD_DIR)
