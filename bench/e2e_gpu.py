@@ -5,7 +5,7 @@ read (rvctl maps and checks the checkpoint), transfer (rvd receives the
 stream), engine (host-to-device copies, planning and compute; split by the
 growth of rvd_engine_seconds_total{phase="h2d"|"plan"|"compute"} in
 /metrics around each call) and the rest. Also counts the matrices whose
-call reused its plan (rvd_engine_matrices_total{path="fused_plan_reused"}).
+call reused its plan (rvd_engine_events_total{event="fused_plan_reused"}).
 
   python3 bench/e2e_gpu.py [--rounds 5] [--backend cuda]
 """
@@ -34,7 +34,7 @@ def engine_counters(daemon):
         if line.startswith("rvd_engine_seconds_total{"):
             phase = line.split('phase="')[1].split('"')[0]
             out[phase] = float(line.split()[-1])
-        elif line.startswith("rvd_engine_matrices_total{") and 'path="fused_plan_reused"' in line:
+        elif line.startswith("rvd_engine_events_total{") and 'event="fused_plan_reused"' in line:
             out["plans_reused"] = float(line.split()[-1])
     return out
 
