@@ -328,6 +328,15 @@ void Metrics::CollectEngine(std::vector<MetricFamily>* out) const {
       "call fails until it is recreated).",
       MetricType::Gauge);
   AddSample(healthy, {}, stats.healthy ? 1 : 0);
+  // The kernels' tuning knobs, so that a retune shows on a dashboard without
+  // changing the technique names the counters use.
+  MetricFamily kernels = NewFamily(
+      "rvd_kernel_info",
+      "The policy (tuning knobs) of each kernel technique in service; always 1.",
+      MetricType::Gauge);
+  for (const auto& [technique, policy] : stats.kernel_policies) {
+    AddSample(kernels, {{"backend", backend}, {"technique", technique}, {"policy", policy}}, 1);
+  }
   Emit(std::move(served), out);
   Emit(std::move(events), out);
   Emit(std::move(phases), out);
@@ -335,6 +344,7 @@ void Metrics::CollectEngine(std::vector<MetricFamily>* out) const {
   Emit(std::move(device), out);
   Emit(std::move(pinned), out);
   Emit(std::move(healthy), out);
+  Emit(std::move(kernels), out);
 }
 
 void Metrics::CollectPoolAndBus(std::vector<MetricFamily>* out) const {

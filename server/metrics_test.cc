@@ -246,8 +246,12 @@ TEST(MetricsTest, EngineStatsAreReadAtScrapeTime) {
     f.engine.stats.device_bytes_held = 4096;
     f.engine.stats.pinned_bytes_held = 1024;
     f.engine.stats.healthy = false;
+    f.engine.stats.kernel_policies = {{"tma-wgmma-square", "fused-v4-bt128"}};
   }
   auto s = Samples(Serialize(f.metrics));
+  EXPECT_EQ(s.at("rvd_kernel_info{backend=\"cpu\",policy=\"fused-v4-bt128\",technique=\"tma-"
+                 "wgmma-square\"}"),
+            "1");
   EXPECT_EQ(s.at("rvd_engine_matrices_total{backend=\"cpu\",path=\"algebraic/"
                  "cpu-avx512\"}"),
             "7");
