@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 
 namespace rvd {
@@ -105,6 +106,20 @@ class Engine {
   virtual absl::Status ComputePR(absl::Span<const MatrixView> batch,
                                  const VariantSpec& variant,
                                  absl::Span<double> out) = 0;
+
+  // The same for matrices in device memory of this process (allocated
+  // here, or another process's memory mapped here through CUDA IPC): the
+  // engine's work waits for `ready`, a cudaEvent_t the producer recorded
+  // after writing them (possibly an interprocess event), or nothing when
+  // null. The bytes never pass through the host. Backends without a device
+  // answer UNIMPLEMENTED.
+  virtual absl::Status ComputePRDevice(absl::Span<const MatrixView> batch,
+                                       const VariantSpec& variant, absl::Span<double> out,
+                                       void* ready) {
+    (void)batch, (void)variant, (void)out, (void)ready;
+    return absl::UnimplementedError(
+        absl::StrCat("the ", Backend(), " backend takes host memory only"));
+  }
 
   // Matrices served so far per code path ("variant/kernel", e.g.
   // "fused/fused-v4-tma-wgmma-bt128s6c8w16d3p8" on CUDA, "algebraic/cpu-avx512" on

@@ -38,6 +38,16 @@ class ModuleEngine : public Engine {
 
   absl::Status ComputePR(absl::Span<const MatrixView> batch, const VariantSpec& variant,
                          absl::Span<double> out) override {
+    return Compute(batch, variant, out, RVD_MEMORY_HOST, nullptr);
+  }
+
+  absl::Status ComputePRDevice(absl::Span<const MatrixView> batch, const VariantSpec& variant,
+                               absl::Span<double> out, void* ready) override {
+    return Compute(batch, variant, out, RVD_MEMORY_DEVICE, ready);
+  }
+
+  absl::Status Compute(absl::Span<const MatrixView> batch, const VariantSpec& variant,
+                       absl::Span<double> out, int32_t memory, void* ready) {
     if (out.size() != batch.size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("out has ", out.size(), " slots for a batch of ", batch.size()));
@@ -45,13 +55,12 @@ class ModuleEngine : public Engine {
     std::vector<rvd_matrix> m(batch.size());
     for (size_t i = 0; i < batch.size(); ++i) {
       const MatrixView& v = batch[i];
-      m[i] = rvd_matrix{v.data, v.rows, v.cols, v.ld, static_cast<int32_t>(v.dtype),
-                        RVD_MEMORY_HOST};
+      m[i] = rvd_matrix{v.data, v.rows, v.cols, v.ld, static_cast<int32_t>(v.dtype), memory};
     }
     const rvd_variant spec{variant.name.c_str(), variant.probes, variant.sketch_rank,
                            variant.seed, variant.hutch_plus_plus ? 1 : 0};
     rvd_status status{};
-    module_->compute(engine_, m.data(), m.size(), &spec, out.data(), nullptr, &status);
+    module_->compute(engine_, m.data(), m.size(), &spec, out.data(), ready, &status);
     return FromModule(status);
   }
 

@@ -67,6 +67,11 @@ TEST(CreateEngine, AutoWithoutGpuServesOnCpuAndSaysWhy) {
   const float w[4] = {1, 2, 3, 4};
   EXPECT_TRUE((*e)->ComputePR({MatrixView{w, 2, 2, 2, DType::kF32}}, {}, absl::MakeSpan(out)).ok());
   EXPECT_GT(out[0], 1.0);
+  // Device memory is the CUDA backend's alone.
+  absl::Status s =
+      (*e)->ComputePRDevice({MatrixView{w, 2, 2, 2, DType::kF32}}, {}, absl::MakeSpan(out), nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_THAT(s.message(), HasSubstr("cpu backend takes host memory only"));
 }
 
 TEST(CreateEngine, CudaWithoutGpuFailsAndUnknownBackendIsInvalid) {

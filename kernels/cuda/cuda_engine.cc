@@ -578,7 +578,7 @@ absl::Status CudaEngine::ComputePR(absl::Span<const MatrixView> batch,
 
 absl::Status CudaEngine::ComputePRDevice(absl::Span<const MatrixView> device_batch,
                                          const VariantSpec& variant, absl::Span<double> out,
-                                         cudaEvent_t ready) {
+                                         void* ready) {
   absl::StatusOr<VariantKind> kind = CheckCudaCall(device_batch, variant, out);
   if (!kind.ok()) return kind.status();
   if (absl::Status lost = DeviceLost(); !lost.ok()) return lost;
@@ -590,7 +590,8 @@ absl::Status CudaEngine::ComputePRDevice(absl::Span<const MatrixView> device_bat
   {
     auto release = absl::MakeCleanup([&] { DrainAndRelease(ctx); });
     if (ready != nullptr) {
-      status = cuda_internal::ToStatus(cudaStreamWaitEvent(ctx->stream, ready, 0),
+      status = cuda_internal::ToStatus(
+          cudaStreamWaitEvent(ctx->stream, static_cast<cudaEvent_t>(ready), 0),
                                        "cudaStreamWaitEvent", __FILE__, __LINE__);
     }
     std::vector<MatrixView> views(device_batch.begin(), device_batch.end());

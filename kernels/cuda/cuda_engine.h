@@ -63,8 +63,8 @@ class CudaEngine : public Engine {
   // the fused kernel's fast loads need 16-byte aligned rows, others take a
   // slower path.
   absl::Status ComputePRDevice(absl::Span<const MatrixView> device_batch,
-                               const VariantSpec& variant,
-                               absl::Span<double> out, cudaEvent_t ready);
+                               const VariantSpec& variant, absl::Span<double> out,
+                               void* ready) override;
 
   // How many matrices each path ("variant/technique") has served, e.g.
   // {"fused/tma-wgmma-square": 480}. Proves which code path ran.

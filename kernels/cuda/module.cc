@@ -83,7 +83,7 @@ int32_t Compute(rvd_cuda_engine* h, const rvd_matrix* batch, size_t n,
   }
   absl::Span<double> results(out, n);
   const absl::Status s =
-      device ? h->engine->ComputePRDevice(views, spec, results, static_cast<cudaEvent_t>(ready))
+      device ? h->engine->ComputePRDevice(views, spec, results, ready)
              : h->engine->ComputePR(views, spec, results);
   SetStatus(s, status);
   return status->code;
