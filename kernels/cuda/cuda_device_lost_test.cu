@@ -41,9 +41,9 @@ TEST(CudaDeviceLost, StickyErrorMakesTheEngineUnhealthy) {
   for (const auto& [name, n] : stats.device_errors) errors += n;
   EXPECT_GT(errors, 0);
   // Later calls fail fast with the reason, and keep failing.
-  s = (*engine)->ComputePR({m.view}, {}, absl::MakeSpan(out));
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_NE(s.message().find("lost"), std::string::npos) << s;
+  const absl::Status again = (*engine)->ComputePR({m.view}, {}, absl::MakeSpan(out));
+  EXPECT_EQ(again.code(), absl::StatusCode::kUnavailable) << again;
+  EXPECT_NE(again.message().find("lost"), std::string::npos) << again;
 }
 
 }  // namespace
