@@ -16,7 +16,7 @@
 //              inside the events: torch_peers.py's harness;
 //   steady_ms  the same launches queued back to back after 200 ms of the
 //              same work: sustained load, where the H200 holds its 700 W
-//              power cap by lowering the SM clock (NOTES.md, session 6);
+//              power cap by lowering the SM clock (docs/history/kernel-notes.md, session 6);
 //   call_ms    one ComputePRDevice call, wall clock (host planning, the
 //              descriptor upload, kernels, the result download);
 //   %floor     floor / time, floor = input bytes / measured copy ceiling;
@@ -785,7 +785,7 @@ int Sustain(cudaStream_t stream, nlohmann::json* out) {
       {{480, 128, 4096, DType::kF32, "sustain"},
        {"v4", "v4-prev", "v4-whole", "v4", "v4-prev", "v4-whole"}},
       // 3 and 4 whole rounds on 132 SMs, what the cut of 480's last round
-      // is measured against (NOTES.md, session 8).
+      // is measured against (docs/history/kernel-notes.md, session 8).
       {{396, 128, 4096, DType::kF32, "sustain"}, {"v4"}},
       {{528, 128, 4096, DType::kF32, "sustain"}, {"v4"}},
       {{480, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri"}},

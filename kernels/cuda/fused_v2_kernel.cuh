@@ -10,14 +10,14 @@
 //       16-byte loads into a ring of 128-byte K-slices (6 stages when a
 //       launch has diagonal jobs only, 4 with off-diagonal ones: 108 KB
 //       either way), <= 128 registers (__launch_bounds__(256, 2)): 2 blocks
-//       of 8 warps per SM. H200 numbers: NOTES.md.
+//       of 8 warps per SM. H200 numbers: docs/history/kernel-notes.md.
 //   v3  v2's tiling, ring and registers (kChain > 0 below) with fewer
 //       instructions per MMA: a fresh accumulator per K-slice (chains of 4
 //       k-steps, kFusedPolicyV3Sm90.chain_ksteps), warp roles as template
 //       code (RoleSliceMma: no selects, no per-slot predicates; edge jobs
 //       take SliceMmaChain), and for 16-bit inputs ||W||_F^2 from the
 //       Gram's diagonal with a row pass that only takes max |w|. f32 keeps
-//       v2's code (3xTF32 with chains was slower: NOTES.md, fused v3).
+//       v2's code (3xTF32 with chains was slower: docs/history/kernel-notes.md, fused v3).
 //
 // Work split. A job is either the upper triangle of a 128 x 128 diagonal Gram
 // tile (36 blocks of 16 x 16: 8 row strips x 8 column groups, g >= strip) or

@@ -6,11 +6,11 @@
 // v4 only on compute capability 9.0.
 //
 // Why a new kernel: v2/v3 (mma.sync fed by cp.async) were issue-bound on the
-// H200 (NOTES.md: loads alone 0.24 ms, MMAs alone 0.18 ms for 480 x
+// H200 (docs/history/kernel-notes.md: loads alone 0.24 ms, MMAs alone 0.18 ms for 480 x
 // 128x4096 bf16, against a 0.12 ms floor). Here one thread issues all loads
 // (one TMA copy per 128 x 64 tile) and each warpgroup issues 4 wgmma per
 // 64-wide K-slice instead of ~40 mma.sync per warp.
-// H200 (NOTES.md, fused v4; kernel + finalize, v3 -> v4, A-B medians of
+// H200 (docs/history/kernel-notes.md, fused v4; kernel + finalize, v3 -> v4, A-B medians of
 // runs s3-9 and s4-9): 480 x 128x4096 bf16 0.36 -> 0.142 ms (floor 0.119),
 // f32 1.78 -> 0.34 (floor 0.238), 256 x 128x4096 bf16 0.19 -> 0.076, 32 x
 // 1024x4096 bf16 0.97 -> 0.28.
@@ -31,7 +31,7 @@
 // 104 / 152: one accumulator set; see ConvertSlices). The triangle
 // (16-bit Grams of side <= 128, Consumers<true>): 3 consumer warpgroups,
 // one 64 x 64 block each, and the producer (512 threads; 56 / 152). At the
-// H200's 700 W power cap, where back-to-back launches run (NOTES.md,
+// H200's 700 W power cap, where back-to-back launches run (docs/history/kernel-notes.md,
 // session 6), its 3/4 of the tensor work is 3-6% faster.
 //   producer (16-bit): one thread streams each job's K-slices into a
 //     ring of kStages stages with cp.async.bulk.tensor (128B swizzle, the
@@ -46,7 +46,7 @@
 //     (8) wgmma starting from zero (scale-d = 0) into one of two
 //     accumulator sets; while they run, the previous chain's set is added
 //     into the running f32 sums with round to nearest (the tensor cores'
-//     accumulation truncates: NOTES.md, v1 and v3; chains of 4 and 8
+//     accumulation truncates: docs/history/kernel-notes.md, v1 and v3; chains of 4 and 8
 //     k-steps keep the PR within 2e-7 and 5e-7) and its stages freed (each
 //     warp arrives on `empty[s]`). f32: one accumulator set, each slice
 //     added once its wgmma are done (the conversion, not the tensor

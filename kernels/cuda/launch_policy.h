@@ -21,9 +21,9 @@ namespace rvd::cuda {
 
 // The fused kernel's knobs, CUB style: data, not code. The kernel in
 // fused_kernel.cuh is written for these values (static_asserts there);
-// a policy is chosen per launch by SelectFusedPolicy.
+// a policy is chosen per matrix by ChooseFusedKernel.
 struct LaunchPolicy {
-  const char* name;      // appears in Version() and the per-variant counts
+  const char* name;      // the knobs by name: the log and rvd_kernel_info (not the counts)
   int block_tile;        // Gram rows (and columns) per block tile
   int warps;             // warps per block
   int warp_tile;         // Gram rows (and columns) per warp tile
@@ -66,7 +66,7 @@ inline constexpr LaunchPolicy kFusedPolicySm90{"fused-v1-bt128w8s4", 128, 8, 32,
 // v2's values (fused_v2_kernel.cuh, wide W on sm_80 and newer), which v3
 // below keeps and f32 still runs on (chain_ksteps_f32 0), and where they came from (H200 numbers: this
 // session's rvd_bench_gpu runs of 2026-11-29, kernel alone, steady clocks;
-// NOTES.md has the table):
+// docs/history/kernel-notes.md has the table):
 //   block_tile 128, col_tile 64: a diagonal job is the upper triangle of a
 //     128 x 128 Gram tile (one 128 x 4096 matrix: one job, W read once); an
 //     off-diagonal job is 128 x 64, so that a warp holds at most 5 blocks of
@@ -116,7 +116,7 @@ inline constexpr LaunchPolicy kFusedPolicySm90{"fused-v1-bt128w8s4", 128, 8, 32,
 //   16-bit inputs: ||W||_F^2 from the Gram's diagonal, row pass = max |w|
 //     only (RowMax16). Faster where off-diagonal jobs dominate (1024 case
 //     -12%), slower for 480 x 128 (+9% against the row pass; cause not yet
-//     measured, see NOTES.md).
+//     measured, see docs/history/kernel-notes.md).
 //   warp roles as code (RoleSliceMma): each warp's strips and slots are
 //     template arguments (no selects, no per-slot predicates; each strip's
 //     A fragments loaded once per chain); edge jobs take SliceMmaChain.
@@ -148,7 +148,7 @@ inline constexpr LaunchPolicy kFusedPolicyV3Sm90{
 // f32 0.3075 -> 0.2953 ms isolated (H200 s8-7). 16-bit launches keep whole
 // jobs (tail_pieces 1): cut, 480 bf16 and the 1024 case were slower (the
 // partial Grams' combining costs more than their shorter last round saves).
-// Measurements: NOTES.md, fused v4; bench/RESULTS.md, sessions 2 to 8.
+// Measurements: docs/history/kernel-notes.md, fused v4; docs/history/bench-results.md, sessions 2 to 8.
 inline constexpr LaunchPolicy kFusedPolicyV4Sm90{
     "fused-v4-tma-wgmma-bt128s6c8w16d3p8", 128, 12, 64, 128, 6, 2, 128, 1, 6, 4, 4, 8, 16, 1, 8};
 
@@ -159,7 +159,7 @@ inline constexpr LaunchPolicy kFusedPolicyV4Sm90{
 // runs these kernels at its 700 W power cap (SM clock 1980 -> ~1550 MHz
 // after ~0.1 s of back-to-back launches, run s6-1), so work the result
 // does not need costs time. 512 threads; setmaxnreg 56 / 152 (two m64n64
-// accumulator sets and the sums). Measurements: NOTES.md, session 6.
+// accumulator sets and the sums). Measurements: docs/history/kernel-notes.md, session 6.
 inline constexpr LaunchPolicy kFusedPolicyV4TriangleSm90{
     "fused-v4-triangle-tma-wgmma-3x64s6c4", 128, 16, 64, 128, 6, 0, 128, 1, 6, 4};
 
