@@ -45,6 +45,9 @@ cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const FusedV4La
     case v4::kProbeMmaOnly:
       if (!f32) return cudaErrorInvalidValue;
       return v4::LaunchFusedV4T<float, v4::kProbeMmaOnly>(l, stream);
+    case v4::kLive:    // not probes: the daemon's kernel and the GPU
+    case v4::kMutant:  // test's, launched elsewhere
+      break;
   }
   return cudaErrorInvalidValue;
 }
