@@ -1,6 +1,8 @@
 # rvd's two set-up commands on a fresh Debian 12 machine:
 #   make run    install missing packages (as root), build, start rvd on config/rvd.yaml
-#   make test   the same set-up, then every test this machine can run
+#   make test   the same set-up, then every test this machine can run: the
+#               tests (warnings are errors), the same tests under ASan+UBSan
+#               (make asan), each fuzz target for TEST_FUZZ_SECONDS (make fuzz)
 # `make build` only builds; `make bench` runs the CPU benchmark; `make asan`
 # runs the tests under ASan+UBSan; `make fuzz` runs each fuzz target.
 
@@ -15,6 +17,7 @@ CONFIG ?= config/rvd.yaml
 CMAKE_ARGS ?=
 # Seconds each fuzz target runs.
 FUZZ_SECONDS ?= 60
+TEST_FUZZ_SECONDS ?= 30
 
 # Everything rvd builds and tests with comes from Debian 12 (clang and
 # libclang-rt-14-dev: the fuzz targets; g++'s own libasan/libubsan: make asan).
@@ -49,8 +52,11 @@ run: build
 	$(BUILD_DIR)/bin/rvd --config $(CONFIG)
 
 # The GPU tests (label gpu) run on a GPU host: ctest --test-dir build -L gpu
+test: CMAKE_ARGS += -DRVD_WERROR=ON
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -LE gpu
+	$(MAKE) --no-print-directory asan
+	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
 
 # The unit and integration tests built with AddressSanitizer and
 # UndefinedBehaviorSanitizer (CPU only; reports fail the run: see
