@@ -25,6 +25,9 @@ import health_pb2_grpc  # noqa: E402
 from rvd.v1 import rvd_pb2, rvd_pb2_grpc  # noqa: E402
 
 RVD = BUILD / "bin" / "rvd"
+# Sanitizer builds (make asan sets ASAN_OPTIONS) run several times slower:
+# the tests' time bounds are multiplied by this.
+TIME_SCALE = 3.0 if "ASAN_OPTIONS" in os.environ else 1.0
 RVCTL = BUILD / "bin" / "rvctl"
 
 
