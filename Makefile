@@ -2,7 +2,8 @@
 #   make run    install missing packages (as root), build, start rvd on config/rvd.yaml
 #   make test   the same set-up, then every test this machine can run: the
 #               tests (warnings are errors), the same tests under ASan+UBSan
-#               (make asan), each fuzz target for TEST_FUZZ_SECONDS (make fuzz)
+#               (make asan), the concurrent parts under TSan (make tsan), each
+#               fuzz target for TEST_FUZZ_SECONDS (make fuzz)
 # `make build` only builds; `make bench` runs the CPU benchmark; `make asan`
 # runs the tests under ASan+UBSan; `make fuzz` runs each fuzz target.
 
@@ -56,6 +57,7 @@ test: CMAKE_ARGS += -DRVD_WERROR=ON
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -LE gpu
 	$(MAKE) --no-print-directory asan
+	$(MAKE) --no-print-directory tsan
 	$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(TEST_FUZZ_SECONDS)
 
 # The unit and integration tests built with AddressSanitizer and
