@@ -2,33 +2,18 @@
 // serving off exactly once, and the watch thread notices within its period.
 #include "server/engine_health.h"
 
-#include <atomic>
-
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "server/fake_engine.h"
 
 namespace rvd {
 namespace {
 
-// An engine whose health the test sets.
-class FakeEngine : public Engine {
- public:
-  std::string Backend() const override { return "fake"; }
-  std::string Version() const override { return "fake-1"; }
-  std::string DefaultVariant() const override { return "algebraic"; }
-  absl::Status ComputePR(absl::Span<const MatrixView>, const VariantSpec&,
-                         absl::Span<double>) override {
-    return absl::UnavailableError("lost");
-  }
-  std::map<std::string, int64_t> ServedCounts() const override { return {}; }
-  EngineStats Stats() const override {
-    EngineStats s;
-    s.healthy = healthy;
-    s.unhealthy_reason = healthy ? "" : "cudaErrorIllegalAddress at kernels.cu:1";
-    return s;
-  }
-  std::atomic<bool> healthy{true};
-};
+void SetLost(FakeEngine& engine) {
+  absl::MutexLock lock(&engine.mu);
+  engine.stats.healthy = false;
+  engine.stats.unhealthy_reason = "cudaErrorIllegalAddress at kernels.cu:1";
+}
 
 TEST(EngineHealthWatch, TurnsServingOffOnceWhenTheEngineIsLost) {
   FakeEngine engine;
@@ -37,7 +22,7 @@ TEST(EngineHealthWatch, TurnsServingOffOnceWhenTheEngineIsLost) {
   EngineHealthWatch watch(engine, [&](bool s) { ++calls, serving = s; }, absl::ZeroDuration());
   EXPECT_TRUE(watch.CheckNow());
   EXPECT_EQ(calls, 0);
-  engine.healthy = false;
+  SetLost(engine);
   EXPECT_FALSE(watch.CheckNow());
   EXPECT_FALSE(watch.CheckNow());
   EXPECT_EQ(calls, 1);
@@ -50,7 +35,7 @@ TEST(EngineHealthWatch, ItsThreadNoticesWithinThePeriod) {
   absl::Notification off;
   EngineHealthWatch watch(engine, [&](bool) { off.Notify(); }, absl::Milliseconds(10));
   EXPECT_FALSE(off.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
-  engine.healthy = false;
+  SetLost(engine);
   EXPECT_TRUE(off.WaitForNotificationWithTimeout(absl::Seconds(5)));
 }
 

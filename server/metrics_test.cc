@@ -23,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
+#include "server/fake_engine.h"
 #include "server/history.h"
 
 namespace rvd {
@@ -93,23 +94,6 @@ MetricsOptions Options(bool per_head, double threshold,
 }
 
 // An engine whose counters a test sets.
-class FakeEngine final : public Engine {
- public:
-  std::string Backend() const override { return "cpu"; }
-  std::string Version() const override { return "fake-1"; }
-  std::string DefaultVariant() const override { return "algebraic"; }
-  absl::Status ComputePR(absl::Span<const MatrixView>, const VariantSpec&,
-                         absl::Span<double>) override {
-    return absl::UnimplementedError("fake");
-  }
-  std::map<std::string, int64_t> ServedCounts() const override { return {}; }
-  EngineStats Stats() const override {
-    absl::MutexLock lock(&mu);
-    return stats;
-  }
-  mutable absl::Mutex mu;
-  EngineStats stats ABSL_GUARDED_BY(mu);
-};
 
 // The daemon's wiring in small: measurements go through History, and
 // Metrics reads its index.

@@ -1,0 +1,35 @@
+// Test-only: an Engine whose stats a test sets (metrics_test,
+// engine_health_test). It computes nothing.
+#ifndef RVD_SERVER_FAKE_ENGINE_H_
+#define RVD_SERVER_FAKE_ENGINE_H_
+
+#include <map>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/engine.h"
+
+namespace rvd {
+
+class FakeEngine final : public Engine {
+ public:
+  std::string Backend() const override { return "cpu"; }
+  std::string Version() const override { return "fake-1"; }
+  std::string DefaultVariant() const override { return "algebraic"; }
+  absl::Status ComputePR(absl::Span<const MatrixView>, const VariantSpec&,
+                         absl::Span<double>) override {
+    return absl::UnimplementedError("fake");
+  }
+  std::map<std::string, int64_t> ServedCounts() const override { return {}; }
+  EngineStats Stats() const override {
+    absl::MutexLock lock(&mu);
+    return stats;
+  }
+  mutable absl::Mutex mu;
+  EngineStats stats ABSL_GUARDED_BY(mu);
+};
+
+}  // namespace rvd
+
+#endif  // RVD_SERVER_FAKE_ENGINE_H_
