@@ -118,6 +118,8 @@ class Metrics final : public prometheus::Collectable {
   // rvd_inflight_requests: +1 when a measurement call starts, -1 when it
   // ends (RequestMetrics does both). Read at scrape time, so exact.
   void AddInflight(int64_t delta) { inflight_.fetch_add(delta); }
+  // Measurement calls in flight now (what rvd_inflight_requests exports).
+  int64_t inflight() const { return inflight_.load(); }
 
   // Bucket upper bounds of rvd_measurement_duration_seconds, 100 us to 10 s.
   static const prometheus::Histogram::BucketBoundaries& DurationBuckets();

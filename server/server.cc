@@ -8,6 +8,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -104,7 +105,16 @@ class ServerImpl final : public Server {
       if (grpc_ != nullptr) {
         grpc_->GetHealthCheckService()->SetServingStatus(false);
         service_.StopWatches();
-        grpc_->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
+        // gRPC's Shutdown(deadline) waits out the whole deadline once a
+        // callback method (WatchMeasurements) is registered, even with no
+        // call in flight (an idle client connection kept SIGTERM at 5.0 s).
+        // So rvd waits for its own measurement calls, within the grace, and
+        // then shuts gRPC down at once, cancelling whatever is left.
+        const auto deadline = std::chrono::steady_clock::now() + kShutdownGrace;
+        while (metrics_->inflight() > 0 && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        grpc_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
         grpc_->Wait();
       }
       exposer_.reset();
