@@ -1052,7 +1052,7 @@ int Main(int argc, char** argv) {
         VariantSpec v;
         v.name = which == 2 ? "algebraic" : "fused";
         std::vector<double> got(c.batch);
-        const double plan0 = engine.PhaseSeconds()["plan"];
+        const double plan0 = engine.Stats().phase_seconds["plan"];
         const double t0 = Now();
         absl::Status s = engine.ComputePRDevice(in.sets[r % 3], v, absl::MakeSpan(got), Ready(stream));
         const double t1 = Now();
@@ -1062,7 +1062,7 @@ int Main(int argc, char** argv) {
         }
         if (r < 2) continue;
         (which == 0 ? ta : which == 1 ? tr : tb).push_back((t1 - t0) * 1e3);
-        if (which == 0) plan.push_back((engine.PhaseSeconds()["plan"] - plan0) * 1e3);
+        if (which == 0) plan.push_back((engine.Stats().phase_seconds["plan"] - plan0) * 1e3);
       }
     }
     calls.push_back({{"case", c.tag}, {"batch", c.batch}, {"rows", c.rows}, {"cols", c.cols},
@@ -1146,7 +1146,7 @@ int Main(int argc, char** argv) {
       const bool naive = v.name == "naive";
       const size_t n = naive ? 16 : c.batch;
       const int calls = naive ? 2 : std::max(3, reps / 3);
-      const std::map<std::string, int64_t> before = engine.ServedCounts();
+      const std::map<std::string, int64_t> before = engine.Stats().served;
       std::vector<double> ms, got(n);
       int set = 0;
       for (int r = 0; r < calls + 1; ++r) {
@@ -1169,7 +1169,7 @@ int Main(int argc, char** argv) {
       }
       const ErrorStats es = StatsOf(std::move(err));
       std::string served;  // the path whose count this variant's calls raised
-      for (const auto& [key, count] : engine.ServedCounts()) {
+      for (const auto& [key, count] : engine.Stats().served) {
         const auto it = before.find(key);
         if (count > (it == before.end() ? 0 : it->second)) served = key;
       }
@@ -1193,7 +1193,7 @@ int Main(int argc, char** argv) {
   out["lineup"] = lineup;
   if (quick) {
     nlohmann::json served;
-    for (const auto& [k, n] : engine.ServedCounts()) served[k] = n;
+    for (const auto& [k, n] : engine.Stats().served) served[k] = n;
     out["served"] = served;
     std::printf("\nserved: %s\n", served.dump().c_str());
     if (!json_path.empty()) std::ofstream(json_path) << out.dump(2);
@@ -1234,7 +1234,7 @@ int Main(int argc, char** argv) {
   }
   out["estimators"] = est;
   nlohmann::json served;
-  for (const auto& [k, n] : engine.ServedCounts()) served[k] = n;
+  for (const auto& [k, n] : engine.Stats().served) served[k] = n;
   out["served"] = served;
   std::printf("\nserved: %s\n", served.dump().c_str());
   if (!json_path.empty()) {

@@ -1083,11 +1083,13 @@ class CpuEngine : public Engine {
 
   // The algebraic variant's Gram paths (process-wide counters: one engine
   // per daemon). Every path is listed, zeros included.
-  std::map<std::string, int64_t> ServedCounts() const override {
+  EngineStats Stats() const override {
     const CpuEngineCounters c = GetCpuEngineCounters();
-    return {{"algebraic/cpu-avx512", c.avx512_grams},
-            {"algebraic/openblas-ssyrk", c.openblas_grams},
-            {"algebraic/float64-fallback", c.float64_fallbacks}};
+    EngineStats s;
+    s.served = {{"algebraic/cpu-avx512", c.avx512_grams},
+                {"algebraic/openblas-ssyrk", c.openblas_grams},
+                {"algebraic/float64-fallback", c.float64_fallbacks}};
+    return s;
   }
 
   absl::Status ComputePR(absl::Span<const MatrixView> batch,

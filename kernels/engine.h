@@ -121,29 +121,12 @@ class Engine {
         absl::StrCat("the ", Backend(), " backend takes host memory only"));
   }
 
-  // Matrices served so far per code path ("variant/kernel", e.g.
-  // "fused/fused-v4-tma-wgmma-bt128s6c8w16d3p8" on CUDA, "algebraic/cpu-avx512" on
-  // CPU), cumulative: the proof of which kernel ran, for /metrics
-  // (rvd_engine_matrices_total) and the benchmarks.
-  virtual std::map<std::string, int64_t> ServedCounts() const = 0;
-
-  // Seconds spent so far per phase of ComputePR, cumulative, for /metrics
-  // (rvd_engine_seconds_total). CUDA: "h2d" (device time of host-to-device
-  // copies), "plan" (host time planning fused calls: jobs, schedules,
-  // tensor maps; none for a call that repeats its context's last) and
-  // "compute" (the rest of the calls' wall time: kernels, results).
-  // Backends without phases return none.
-  virtual std::map<std::string, double> PhaseSeconds() const { return {}; }
-
-  // Everything an operator needs to see of the engine, read at scrape time
-  // (server/metrics.cc's collector). The default builds it from
-  // ServedCounts and PhaseSeconds; backends with more to say override it.
-  virtual EngineStats Stats() const {
-    EngineStats s;
-    s.served = ServedCounts();
-    s.phase_seconds = PhaseSeconds();
-    return s;
-  }
+  // Everything an operator needs to see of the engine, cumulative counters
+  // and the state now (EngineStats): which kernel served each matrix (the
+  // proof of the path that ran), events, phase times, device errors,
+  // memory held, health. Read at scrape time by server/metrics.cc's
+  // collector, by the log line of each measurement and by the benchmarks.
+  virtual EngineStats Stats() const = 0;
 
   // Host memory this engine copies from fastest, for the daemon's pooled
   // receive buffers (CUDA: page-locked); nullptr when it has none or the

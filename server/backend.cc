@@ -64,9 +64,6 @@ class ModuleEngine : public Engine {
     return FromModule(status);
   }
 
-  std::map<std::string, int64_t> ServedCounts() const override { return Stats().served; }
-  std::map<std::string, double> PhaseSeconds() const override { return Stats().phase_seconds; }
-
   EngineStats Stats() const override {
     EngineStats s;
     module_->stats(engine_, &Sink, &s);

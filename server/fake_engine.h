@@ -21,7 +21,6 @@ class FakeEngine final : public Engine {
                          absl::Span<double>) override {
     return absl::UnimplementedError("fake");
   }
-  std::map<std::string, int64_t> ServedCounts() const override { return {}; }
   EngineStats Stats() const override {
     absl::MutexLock lock(&mu);
     return stats;

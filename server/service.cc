@@ -145,7 +145,7 @@ absl::Status RvdService::Run(grpc::ServerContext* context,
   metrics_.RecordMeasurement(**stored);
   // Which kernels have served (cumulative, non-zero paths): the log's proof
   // of the path that ran (/metrics reads the engine's counters itself).
-  const std::map<std::string, int64_t> served = engine_.ServedCounts();
+  const std::map<std::string, int64_t> served = engine_.Stats().served;
   std::string served_text;
   for (const auto& [path, n] : served) {
     if (n > 0) absl::StrAppend(&served_text, served_text.empty() ? "" : ",", path, "=", n);

@@ -371,7 +371,8 @@ void CudaEngine::UseFusedMutantForTest(const FusedLaunchers* mutant) {
     kernels_->Reset();
     return;
   }
-  const std::shared_ptr<const KernelTable> product = KernelRegistry(sm_major_, sm_minor_).Snapshot();
+  kernels_->Reset();
+  const std::shared_ptr<const KernelTable> product = kernels_->Snapshot();
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (FusedKernel k : {FusedKernel::kV4, FusedKernel::kV4Triangle, FusedKernel::kV3,
                           FusedKernel::kV1Tall}) {
@@ -381,12 +382,6 @@ void CudaEngine::UseFusedMutantForTest(const FusedLaunchers* mutant) {
       kernels_->Swap(dt, k, e);
     }
   }
-}
-
-std::map<std::string, int64_t> CudaEngine::ServedCounts() const { return Stats().served; }
-
-std::map<std::string, double> CudaEngine::PhaseSeconds() const {
-  return Stats().phase_seconds;
 }
 
 EngineStats CudaEngine::Stats() const {
@@ -425,12 +420,10 @@ void CudaEngine::FreeHostBuffer(void* p) {
   counters_->AddPinnedBytes(-static_cast<int64_t>(bytes));
 }
 
-absl::Status CudaEngine::ComputeShared(absl::Span<const MatrixView> batch,
-                                       const VariantSpec& variant,
-                                       absl::Span<double> out, bool* used) {
+absl::Status CudaEngine::ComputeShared(absl::Span<const MatrixView> batch, VariantKind kind,
+                                       const VariantSpec& variant, absl::Span<double> out,
+                                       bool* used) {
   *used = false;
-  absl::StatusOr<VariantKind> kind = ParseVariant(variant, "cuda", "fused");
-  if (!kind.ok()) return kind.status();
   const SharedRanges r = MergeHostRanges(batch);
   // Worth it when sharing saves a fifth of the bytes and the ranges fit one
   // context's budget; else the chunked, packed path.
@@ -438,7 +431,7 @@ absl::Status CudaEngine::ComputeShared(absl::Span<const MatrixView> batch,
     return absl::OkStatus();
   }
   *used = true;
-  std::unique_ptr<Variant> v = NewVariant(*kind, variant, Env());
+  std::unique_ptr<Variant> v = NewVariant(kind, variant, Env());
   Context* ctx = Acquire(true);
   absl::Status status;
   {
@@ -463,17 +456,15 @@ absl::Status CudaEngine::ComputeShared(absl::Span<const MatrixView> batch,
     for (size_t i = 0; i < views.size(); ++i) {
       views[i].data = At<unsigned char>(ctx->shared.data(), r.view_offset[i]);
     }
-    status = EnqueueAndCollect(*ctx, *v, *kind, views, out);
+    status = EnqueueAndCollect(*ctx, *v, kind, views, out);
     counters_->AddMs("h2d", ctx->TakeCopyMs());  // Collect synchronized the stream
   }
   if (status.ok()) counters_->Served(v->served());
   return status;
 }
 
-absl::Status CudaEngine::ComputeChunked(absl::Span<const MatrixView> batch,
+absl::Status CudaEngine::ComputeChunked(absl::Span<const MatrixView> batch, VariantKind kind,
                                         const VariantSpec& variant, absl::Span<double> out) {
-  absl::StatusOr<VariantKind> kind = ParseVariant(variant, "cuda", "fused");
-  if (!kind.ok()) return kind.status();
   std::vector<uint64_t> sizes(batch.size());
   std::vector<int64_t> lds(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -486,7 +477,7 @@ absl::Status CudaEngine::ComputeChunked(absl::Span<const MatrixView> batch,
   }
   const std::vector<size_t> bounds = ChunkByBytes(sizes, Budget());
   const size_t chunks = bounds.size() - 1;
-  std::unique_ptr<Variant> v = NewVariant(*kind, variant, Env());
+  std::unique_ptr<Variant> v = NewVariant(kind, variant, Env());
 
   // Two contexts when the batch has two chunks and a second is free.
   std::vector<Context*> ctxs = {Acquire(true)};
@@ -571,9 +562,9 @@ absl::Status CudaEngine::ComputePR(absl::Span<const MatrixView> batch,
   });
   RVD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   bool shared = false;
-  absl::Status shared_status = ComputeShared(batch, variant, out, &shared);
+  absl::Status shared_status = ComputeShared(batch, *kind, variant, out, &shared);
   if (shared) return shared_status;
-  return ComputeChunked(batch, variant, out);
+  return ComputeChunked(batch, *kind, variant, out);
 }
 
 absl::Status CudaEngine::ComputePRDevice(absl::Span<const MatrixView> device_batch,

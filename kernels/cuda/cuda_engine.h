@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "kernels/call_contract.h"
 #include "kernels/engine.h"
 
 namespace rvd::cuda {
@@ -68,8 +69,6 @@ class CudaEngine : public Engine {
 
   // How many matrices each path ("variant/technique") has served, e.g.
   // {"fused/tma-wgmma-square": 480}. Proves which code path ran.
-  std::map<std::string, int64_t> ServedCounts() const override;
-  std::map<std::string, double> PhaseSeconds() const override;
   EngineStats Stats() const override;
   // Page-locked (portable) host memory: copies from it run at the link's
   // rate (55 GB/s on the H200 host, against ~7-20 GB/s pageable).
@@ -94,11 +93,12 @@ class CudaEngine : public Engine {
 
   // The path for host batches whose views share bytes (see cuda_engine.cc);
   // sets *used to false, and does nothing, when it does not apply.
-  absl::Status ComputeShared(absl::Span<const MatrixView> batch,
-                             const VariantSpec& variant,
-                             absl::Span<double> out, bool* used);
+  // `kind` is the variant the call contract parsed.
+  absl::Status ComputeShared(absl::Span<const MatrixView> batch, VariantKind kind,
+                             const VariantSpec& variant, absl::Span<double> out,
+                             bool* used);
   // The packed, chunked path for host batches.
-  absl::Status ComputeChunked(absl::Span<const MatrixView> batch,
+  absl::Status ComputeChunked(absl::Span<const MatrixView> batch, VariantKind kind,
                               const VariantSpec& variant, absl::Span<double> out);
 
   // Takes a context: waits for one when `wait`, else returns nullptr when

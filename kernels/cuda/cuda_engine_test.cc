@@ -194,7 +194,7 @@ TEST_F(CudaEngineTest, ExactVariantsMatchOracle) {
   // Each fused kernel served what it should (kShapes has wide and tall
   // shapes; host matrices are packed with 16-byte aligned rows, so on sm_90
   // v4 serves every wide one it can), nothing else.
-  const auto counts = engine_->ServedCounts();
+  const auto counts = engine_->Stats().served;
   std::map<std::string, int64_t> expected;
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (const Shape& sh : kShapes) {
@@ -886,7 +886,7 @@ TEST_F(CudaEngineTest, CheckerCatchesMutantKernel) {
     ASSERT_TRUE(s.ok()) << s;
     Check(out, ref, suite, absl::StrCat("fused after mutant, ", what));
   }
-  const auto counts = engine_->ServedCounts();
+  const auto counts = engine_->Stats().served;
   std::vector<FusedKernel> kernels = {FusedKernel::kV1Tall, FusedKernel::kV3};
   if (V4Runs()) {
     kernels.push_back(FusedKernel::kV4);

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_engine.h"
 #include "kernels/cuda_module.h"
 #include "kernels/engine.h"
@@ -107,9 +108,9 @@ void Stats(rvd_cuda_engine* h, rvd_stats_sink sink, void* ctx) {
 const char* Lost(rvd_cuda_engine* h) {
   absl::MutexLock lock(&h->mu);
   if (h->lost.empty()) {
-    const rvd::EngineStats s = h->engine->Stats();
-    if (s.healthy) return nullptr;
-    h->lost = s.unhealthy_reason.empty() ? "device lost" : s.unhealthy_reason;
+    const rvd::cuda_internal::DeviceErrorSnapshot e = rvd::cuda_internal::DeviceErrors();
+    if (!e.lost) return nullptr;
+    h->lost = e.lost_reason.empty() ? "device lost" : e.lost_reason;
   }
   // Never changed once set: the pointer stays valid until destroy.
   return h->lost.c_str();
