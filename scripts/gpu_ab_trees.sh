@@ -11,7 +11,8 @@
 # Usage: scripts/gpu_ab_trees.sh A.tgz B.tgz [OUT]   (OUT default: gpu-ab-out,
 # beside A.tgz; nothing is written into the repository)
 # RVD_AB_FILTER, RVD_AB_PYTEST_K: a gtest filter and a pytest -k expression
-# for the A build's tests (default: all).
+# for the A build's tests (default: all; RVD_AB_FILTER=none skips them).
+# RVD_AB_ROUNDS: how many A, B pairs of benchmark runs (default 2).
 set -uo pipefail
 a_src="${1:?usage: gpu_ab_trees.sh A.tgz B.tgz [OUT]}"
 b_src="${2:?usage: gpu_ab_trees.sh A.tgz B.tgz [OUT]}"
@@ -48,9 +49,11 @@ tests() {  # tests NAME STAGE [GTEST_FILTER] [PYTEST_K]
     python3 -m pytest -q -p no:cacheprovider ${k:+-k "$k"} "$tdir" > "$out/$name.integration_gpu.log" 2>&1
   echo "   exit $?"; tail -n 3 "$out/$name.integration_gpu.log"
 }
-tests A "$a" "${RVD_AB_FILTER:-*}" "${RVD_AB_PYTEST_K:-}"
+[[ "${RVD_AB_FILTER:-}" == none ]] || tests A "$a" "${RVD_AB_FILTER:-*}" "${RVD_AB_PYTEST_K:-}"
 tests B "$b"
-for run in A1 B1 A2 B2; do
+runs=()
+for ((i = 1; i <= ${RVD_AB_ROUNDS:-2}; i++)); do runs+=("A$i" "B$i"); done
+for run in "${runs[@]}"; do
   stage=$a; [[ $run == B* ]] && stage=$b
   echo "== bench $run"
   LD_LIBRARY_PATH="$stage/gpu-libs:$cuda_lib" timeout 200 \
