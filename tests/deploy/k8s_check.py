@@ -13,6 +13,7 @@ KINDS = {
     ("v1", "ServiceAccount"), ("apps/v1", "DaemonSet"), ("apps/v1", "Deployment"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
     ("resource.k8s.io/v1", "ResourceClaimTemplate"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
 }
@@ -158,6 +159,9 @@ def check_objects(objs):
         if o["kind"] == "ServiceMonitor":
             if not o["spec"].get("endpoints") or not o["spec"].get("selector"):
                 problems.append(f"{where}: needs selector and endpoints")
+        if o["kind"] == "PodMonitor":
+            if not o["spec"].get("podMetricsEndpoints") or not o["spec"].get("selector"):
+                problems.append(f"{where}: needs selector and podMetricsEndpoints")
         if o["kind"] == "PrometheusRule":
             for g in o["spec"].get("groups") or [None]:
                 if not g or not g.get("name") or not g.get("rules"):

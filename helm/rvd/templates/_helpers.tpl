@@ -1,0 +1,127 @@
+{{/* Names and labels. Helm's subset here: see tests/deploy/helm_render.py. */}}
+{{- define "rvd.name" -}}
+{{ .Values.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "rvd.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{ .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else if contains .Chart.Name .Release.Name -}}
+{{ .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else -}}
+{{ printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/* The labels every object carries. */}}
+{{- define "rvd.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{ include "rvd.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* What a Service or a DaemonSet selects rvd's pods by. */}}
+{{- define "rvd.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "rvd.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: {{ .Values.mode }}
+{{- end }}
+
+{{- define "rvd.checkMode" -}}
+{{- if not (or (eq .Values.mode "sidecar") (eq .Values.mode "daemonset")) -}}
+{{ fail "mode must be sidecar or daemonset" }}
+{{- end -}}
+{{- end }}
+
+{{/* The rvd container, the same in both modes: the DaemonSet's container
+     and the init container of the sidecar snippet. */}}
+{{- define "rvd.container" -}}
+name: rvd
+image: {{ printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) | quote }}
+imagePullPolicy: {{ .Values.image.pullPolicy }}
+args: ["--config", "/etc/rvd/rvd.yaml"]
+{{- if or .Values.env (and (eq .Values.mode "daemonset") .Values.daemonset.visibleDevices) }}
+env:
+  {{- if and (eq .Values.mode "daemonset") .Values.daemonset.visibleDevices }}
+  - name: NVIDIA_VISIBLE_DEVICES
+    value: {{ .Values.daemonset.visibleDevices | quote }}
+  - name: NVIDIA_DRIVER_CAPABILITIES
+    value: compute,utility
+  {{- end }}
+  {{- with .Values.env }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end }}
+ports:
+  - name: grpc
+    containerPort: {{ .Values.ports.grpc }}
+  - name: metrics
+    containerPort: {{ .Values.ports.metrics }}
+startupProbe:
+  grpc:
+    port: {{ .Values.ports.grpc }}
+  {{- toYaml .Values.probes.startup | nindent 2 }}
+readinessProbe:
+  grpc:
+    port: {{ .Values.ports.grpc }}
+  {{- toYaml .Values.probes.readiness | nindent 2 }}
+livenessProbe:
+  grpc:
+    port: {{ .Values.ports.grpc }}
+  {{- toYaml .Values.probes.liveness | nindent 2 }}
+resources:
+  {{- if and (eq .Values.mode "sidecar") .Values.sidecar.gpuClaimName }}
+  claims:
+    - name: {{ .Values.sidecar.gpuClaimName }}
+  {{- end }}
+  {{- toYaml .Values.resources | nindent 2 }}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: {{ .Values.runAsUser }}
+  runAsGroup: {{ .Values.runAsGroup }}
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
+  capabilities:
+    drop: ["ALL"]
+    {{- if .Values.sysPtrace }}
+    add: ["SYS_PTRACE"]
+    {{- end }}
+volumeMounts:
+  - name: rvd-config
+    mountPath: /etc/rvd
+    readOnly: true
+  - name: rvd-data
+    mountPath: /var/lib/rvd
+  - name: rvd-tmp
+    mountPath: /tmp
+  - name: dshm
+    mountPath: /dev/shm
+  {{- if or (and (eq .Values.mode "daemonset") .Values.checkpoints.hostPath) (and (eq .Values.mode "sidecar") .Values.checkpoints.volumeName) }}
+  - name: {{ .Values.checkpoints.volumeName | default "checkpoints" }}
+    mountPath: {{ .Values.checkpoints.mountPath }}
+    readOnly: true
+  {{- end }}
+{{- end }}
+
+{{/* The volumes rvd's container mounts (dshm: shared with the trainer in
+     sidecar mode; the checkpoint volume there is the trainer's own). */}}
+{{- define "rvd.volumes" -}}
+- name: rvd-config
+  configMap:
+    name: {{ include "rvd.fullname" . }}
+- name: rvd-data
+  emptyDir: {}
+- name: rvd-tmp
+  emptyDir: {}
+- name: dshm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .Values.shm.sizeLimit }}
+{{- if and (eq .Values.mode "daemonset") .Values.checkpoints.hostPath }}
+- name: {{ .Values.checkpoints.volumeName | default "checkpoints" }}
+  hostPath:
+    path: {{ .Values.checkpoints.hostPath }}
+    type: Directory
+{{- end }}
+{{- end }}
