@@ -80,6 +80,7 @@ def exported(tmp_path_factory):
         f'grpc_address: "{grpc_address}"\nmetrics_address: "{metrics_address}"\n'
         f'backend: cpu\ndata_dir: "{tmp / "data"}"\nengine_threads: 1\n'
         "per_head_metrics: true\nrv_alert_threshold: 0.5\n")
+    (tmp / "data").mkdir()  # rvd refuses a data_dir that does not exist
     log = tmp / "rvd.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([str(RVD), "--config", str(config)],
@@ -131,6 +132,7 @@ def rvd_accepts(configs, tmp):
         path.write_text(text)
         metrics = f"127.0.0.1:{free_port()}"
         log = tmp / f"{name}.log"
+        (tmp / f"{name}-data").mkdir()  # as a pod's emptyDir would be there
         with open(log, "w") as out:
             p = subprocess.Popen(
                 [str(RVD), "--config", str(path),

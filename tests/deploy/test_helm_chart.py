@@ -56,6 +56,7 @@ CASES = {
     "default": values(),
     "daemonset-all": values(mode="daemonset", networkPolicy__enabled=True,
                             checkpoints__hostPath="/mnt/checkpoints",
+                            data__hostPath="/var/lib/rvd-node",
                             sysPtrace=True, env=[{"name": "X", "value": "1"}]),
     "sidecar": values(mode="sidecar"),
     "sidecar-checkpoints": values(mode="sidecar", checkpoints__volumeName="ckpt",
@@ -140,6 +141,9 @@ def test_daemonset_container():
         security_and_probes(c, ptrace)
         assert ds["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"]
     assert {"name": "X", "value": "1"} in c["env"]
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["rvd-data"]["hostPath"]["path"] == "/var/lib/rvd-node"
+    assert {"name": "rvd-data", "mountPath": "/var/lib/rvd"} in c["volumeMounts"]
     assert any(m["mountPath"] == "/checkpoints" and m["readOnly"] for m in c["volumeMounts"])
 
 
@@ -197,6 +201,7 @@ def test_config_is_the_values_and_rvd_accepts_it(tmp_path):
                   and o["metadata"]["name"] == "train-rvd")
         text = cm["data"]["rvd.yaml"]
         assert yaml.safe_load(text) == v["config"]
+        assert v["config"]["data_dir"] == "/var/lib/rvd"  # where rvd-data is mounted
         # The addresses' ports are the ports the containers expose.
         assert text and yaml.safe_load(text)["grpc_address"].endswith(f":{v['ports']['grpc']}")
         assert yaml.safe_load(text)["metrics_address"].endswith(f":{v['ports']['metrics']}")

@@ -111,7 +111,13 @@ volumeMounts:
   configMap:
     name: {{ include "rvd.fullname" . }}
 - name: rvd-data
+  {{- if and (eq .Values.mode "daemonset") .Values.data.hostPath }}
+  hostPath:
+    path: {{ .Values.data.hostPath }}
+    type: DirectoryOrCreate
+  {{- else }}
   emptyDir: {}
+  {{- end }}
 - name: rvd-tmp
   emptyDir: {}
 - name: dshm
