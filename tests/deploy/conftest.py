@@ -34,6 +34,13 @@ ALERT_METRICS = {
 }
 
 
+def pytest_configure(config):
+    # pytest creates --basetemp without its parents (ctest passes
+    # BUILD/pytest-tmp/deploy, and pytest-tmp exists only after another run).
+    if config.option.basetemp:
+        pathlib.Path(config.option.basetemp).resolve().parent.mkdir(parents=True, exist_ok=True)
+
+
 def _request(rvd_pb2, model_id):
     tensors, data = [], []
     rng = np.random.default_rng(16)
