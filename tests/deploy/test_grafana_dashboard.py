@@ -1,7 +1,7 @@
 """deploy/grafana/rvd-dashboard.json: it parses, every panel queries
-through the $datasource variable, every query (and the model variable's)
-names only metrics and labels a real rvd exports, and the panels issue 16
-asks for are there. Not checked: how Grafana draws it (no Grafana here)."""
+through the $datasource variable, every query is PromQL promtool parses and
+(with the model variable's) names only metrics and labels a real rvd
+exports, and the panels issue 16 asks for are there. Not checked: how Grafana draws it (no Grafana here)."""
 import json
 import pathlib
 import re
@@ -91,3 +91,25 @@ def test_the_panels_issue_16_asks_for():
         for t in p["targets"]:
             if metric_names(t["expr"]) & {"rvd_rv", "rvd_participation_ratio"}:
                 assert 'model_id=~"$model"' in t["expr"], (p["title"], t["expr"])
+
+
+def test_every_query_is_valid_promql(tmp_path):
+    """promtool parses each query (as a recording rule), with Grafana's
+    variables replaced by what Grafana sends: $model's "All" (.*) and a
+    range for $__rate_interval."""
+    import shutil
+    import subprocess
+
+    import yaml
+
+    exprs = [t["expr"] for p in query_panels(dashboard()) for t in p["targets"]]
+    rules = [{"record": f"dashboard_query_{i}",
+              "expr": e.replace("$__rate_interval", "2m").replace("$model", ".*")}
+             for i, e in enumerate(exprs)]
+    assert all("$" not in r["expr"] for r in rules), "a variable the test does not know"
+    path = tmp_path / "dashboard-queries.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    r = subprocess.run([shutil.which("promtool") or "/usr/bin/promtool", "check", "rules",
+                        str(path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"SUCCESS: {len(exprs)} rules found" in r.stdout
