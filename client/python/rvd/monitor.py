@@ -1,0 +1,483 @@
+"""RVMonitor: seed 000's monitor, backed by rvd (copy transport).
+
+What it sends: the stored V tensor of every monitored layer (fused QKV and
+GQA as stored; rvd cuts V out), with the layout and head geometry that
+architectures.yaml gives (see architectures.py). rvd computes PR and R_V and
+keeps the measurement; the monitor keeps its own history too.
+
+When it measures (the policy; the history follows it step for step):
+  inference  once at registration (the constructor); then .rv serves that
+             cached result. step() only counts, and retries the
+             registration's measurement if rvd could not be reached then.
+  training   at registration (step 0), then at step n (the n-th step() call)
+             when n % measurement_interval == 0; with adaptive also at any
+             other step whose relative change over the monitored V set,
+             ||W - W_last||_F / ||W_last||_F with W_last the weights of the
+             last recorded measurement, exceeds delta_threshold (a strict >).
+  both       a step at which no monitored weight changed since the last
+             recorded measurement sends nothing (that result is still exact):
+             unchanged weights never travel. "Changed" is read from each
+             parameter's identity, storage pointer and in-place version
+             counter (torch's `_version`, which optimizers bump), so checking
+             costs no read of the weights. Writes through `param.data` (a
+             tensor with its own counter) are not seen: call measure_now().
+             The delta needs W_last: with adaptive the monitor keeps a copy
+             of the monitored V set on the weights' device.
+  measure_now() always measures.
+
+When rvd fails: on_error="warn" (default) logs, records the step in
+.skipped and goes on (training never stops for rvd); a failure to reach rvd
+(UNAVAILABLE) reconnects at once so the next due step tries a fresh
+connection, and a deadline that expired (rvd too slow or the host silent)
+also pauses measuring for a while (1 s, doubling to 5 min) so that a silent
+host costs one deadline per pause, not one per step. The delta trigger
+needs a recorded measurement to compare with; until the first one, only
+interval steps measure. on_error="raise" raises rvd.RvdError instead.
+
+transport: "copy" sends the bytes over gRPC. "ipc" (zero copy through CUDA
+IPC) needs rvd's registration API, which this rvd does not have: it raises
+TransportUnavailable. "auto" is copy until then.
+"""
+import collections
+import csv
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import re
+import time
+from typing import List, Optional
+
+import torch
+
+from . import architectures
+from ._stubs import rvd_pb2
+from .client import Client, layout_value
+from .errors import RvdError
+from .types import RVMeasurement
+
+log = logging.getLogger("rvd")
+
+_DTYPES = {torch.float32: rvd_pb2.DTYPE_F32, torch.float16: rvd_pb2.DTYPE_F16,
+           torch.bfloat16: rvd_pb2.DTYPE_BF16}
+_ids = itertools.count(1)
+
+# After a measurement's deadline expired: no measurement for this long,
+# doubling per further expiry up to the maximum (seconds).
+_BACKOFF_START_S = 1.0
+_BACKOFF_MAX_S = 300.0
+
+
+class TransportUnavailable(NotImplementedError):
+    """The transport asked for cannot be used with this rvd."""
+
+
+def _ipc_method():
+    """The name of rvd's IPC registration method, when the API has one."""
+    service = rvd_pb2.DESCRIPTOR.services_by_name["Rvd"]
+    for name in service.methods_by_name:
+        if name.startswith("Register"):
+            return name
+    return None
+
+
+def _check_transport(transport):
+    if transport not in ("auto", "ipc", "copy"):
+        raise ValueError(f"transport={transport!r}: expected 'auto', 'ipc' or 'copy'")
+    if transport == "ipc":
+        method = _ipc_method()
+        if method is None:
+            raise TransportUnavailable(
+                "transport='ipc' needs rvd's CUDA IPC registration API (issue "
+                "15 section 2: register a model's V tensors once by CUDA IPC "
+                "handle, then notify steps), which rvd.v1.Rvd does not have "
+                "yet (proto/rvd/v1/rvd.proto); use transport='copy' or 'auto'")
+        raise TransportUnavailable(
+            f"rvd.v1.Rvd has {method}, but this client does not implement the "
+            "IPC transport yet; use transport='copy' or 'auto'")
+    return "copy"
+
+
+def _default_model_id(arch):
+    base = re.sub(r"[^A-Za-z0-9_.:-]", "_", arch or "model")[:80]
+    return f"{base}.{os.getpid()}.{next(_ids)}"
+
+
+class RVMonitor:
+    """Measures R_V of `model`'s V projections through rvd.
+
+    The arguments are seed 000's, plus: address (rvd's HOST:PORT; default
+    $RVD_ADDRESS, else 127.0.0.1:50051), transport ("auto" | "ipc" |
+    "copy"), per_head (also the PR of every kv head), on_error ("warn" |
+    "raise"), model_id (rvd's name for this model; default
+    <arch>.<pid>.<n>), timeout (seconds a measurement may take) and client
+    (an rvd.Client to share). early_layers and late_layers: both or neither
+    (neither: every layer is sent and rvd takes the first and last quarter).
+    """
+
+    def __init__(self, model, early_layers=None, late_layers=None,
+                 mode="inference", measurement_interval=100, adaptive=False,
+                 delta_threshold=0.01, arch=None, history_maxlen=1000,
+                 prometheus=False, verbose=False, address=None,
+                 transport="auto", per_head=False, on_error="warn",
+                 model_id=None, timeout=30.0, client=None):
+        if mode not in ("inference", "training"):
+            raise ValueError(f"mode={mode!r}: expected 'inference' or 'training'")
+        if isinstance(measurement_interval, bool) or not isinstance(
+                measurement_interval, int) or measurement_interval < 1:
+            raise ValueError(f"measurement_interval={measurement_interval!r}: "
+                             "expected an integer >= 1")
+        if not delta_threshold >= 0:
+            raise ValueError(f"delta_threshold={delta_threshold!r}: expected >= 0")
+        if on_error not in ("warn", "raise"):
+            raise ValueError(f"on_error={on_error!r}: expected 'warn' or 'raise'")
+        if (early_layers is None) != (late_layers is None):
+            raise ValueError("give both early_layers and late_layers, or neither "
+                             "(then rvd uses the first and last quarter)")
+        self.transport = _check_transport(transport)
+        self.model = model
+        self._mode = mode
+        self.measurement_interval = measurement_interval
+        self.adaptive = bool(adaptive)
+        self.delta_threshold = float(delta_threshold)
+        self.per_head = bool(per_head)
+        self.on_error = on_error
+        self.verbose = verbose
+        self.timeout = timeout
+
+        self.resolved = architectures.resolve(model, arch)
+        self.arch = self.resolved.arch
+        found = self.resolved.tensors
+        if early_layers is None:
+            self.early_layers, self.late_layers = [], []
+            self._layers = sorted(found)
+        else:
+            self.early_layers = sorted({int(l) for l in early_layers})
+            self.late_layers = sorted({int(l) for l in late_layers})
+            if not self.early_layers or not self.late_layers:
+                raise ValueError("early_layers and late_layers must not be empty")
+            self._layers = sorted(set(self.early_layers) | set(self.late_layers))
+        missing = [l for l in self._layers if l not in found]
+        if missing:
+            raise ValueError(f"layers {missing} have no V projection; the model's "
+                             f"layers are 0..{max(found)} ({self.resolved.pattern})")
+        if self.resolved.geometry is None and self.resolved.layout != "separate":
+            raise ValueError(f"{self.resolved.pattern}: a {self.resolved.layout} "
+                             "weight needs the head geometry to cut V out: "
+                             f"{self.resolved.geometry_source}")
+        if self.per_head and self.resolved.geometry is None:
+            raise ValueError(f"per_head needs the head geometry: "
+                             f"{self.resolved.geometry_source}")
+        self._modules = {l: model.get_submodule(found[l].module_path)
+                         for l in self._layers}
+        self._names = {l: found[l].name for l in self._layers}
+        for l in self._layers:
+            w = self._modules[l].weight
+            if w.dtype not in _DTYPES and w.dtype != torch.float64:
+                raise ValueError(f"{self._names[l]}: dtype {w.dtype} is not "
+                                 "float32, float16, bfloat16 (or float64, sent "
+                                 "as float32)")
+        self.model_id = model_id or _default_model_id(self.arch)
+        self._layout = layout_value(self.resolved.layout)
+
+        self._owns_client = client is None
+        self.client = client or Client(address, timeout=timeout)
+        self._history = collections.deque(maxlen=history_maxlen)
+        self._count = 0               # measurements recorded, ever
+        self._latest: Optional[RVMeasurement] = None
+        self._step = 0
+        self._last_keys = None        # {layer: key} of the last recorded snapshot
+        self._last_weights = {}       # adaptive: {layer: copy of W_last}
+        self._last_sq = {}            # adaptive: {layer: ||W_last||_F^2}
+        self.skipped = collections.deque(maxlen=1000)  # (step, trigger, code)
+        self.last_error: Optional[RvdError] = None
+        self._failing = 0             # failures since the last success
+        self._paused_until = 0.0      # after an expired deadline
+        self._backoff = 0.0
+        self._pending_registration = False
+        self._gauges = self._prometheus_gauges() if prometheus else None
+
+        self._measure("registration")
+        if self._latest is None and mode == "inference":
+            self._pending_registration = True
+
+    # ---- seed 000's properties ------------------------------------------
+
+    @property
+    def rv(self) -> Optional[float]:
+        """The newest recorded R_V (None before the first measurement)."""
+        return self._latest.rv if self._latest is not None else None
+
+    @property
+    def history(self) -> List[RVMeasurement]:
+        return list(self._history)
+
+    @property
+    def layers(self) -> List[int]:
+        return list(self._layers)
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @property
+    def steps(self) -> int:
+        """step() calls so far."""
+        return self._step
+
+    # ---- the policy -------------------------------------------------------
+
+    def _key(self, layer):
+        w = self._modules[layer].weight
+        return (w, w.data_ptr(), w._version)
+
+    def _changed(self):
+        """Monitored layers whose weight changed since the last recorded
+        measurement (all of them before the first)."""
+        if self._last_keys is None:
+            return list(self._layers)
+        return [l for l in self._layers
+                if not _same(self._last_keys[l], self._key(l))]
+
+    @torch.no_grad()
+    def _delta(self, changed):
+        """||W - W_last||_F / ||W_last||_F over the monitored V set; layers
+        not in `changed` contribute 0 to the numerator."""
+        num = None
+        for l in changed:
+            d = self._modules[l].weight.detach().float() - self._last_weights[l].float()
+            s = torch.sum(d * d, dtype=torch.float64)
+            num = s if num is None else num + s.to(num.device)
+        num = float(num) if num is not None else 0.0
+        den = sum(self._last_sq.values())
+        if den == 0.0:
+            return float("inf") if num > 0 else 0.0
+        return (num / den) ** 0.5
+
+    def step(self) -> Optional[float]:
+        """Advances the step counter and measures when the policy says so
+        (see the module doc). Returns the newest R_V."""
+        self._step += 1
+        n = self._step
+        if self._mode == "inference":
+            if self._pending_registration and time.monotonic() >= self._paused_until:
+                self._measure("registration")
+            return self.rv
+        changed = self._changed()
+        if not changed:
+            return self.rv
+        trigger, delta = None, None
+        if n % self.measurement_interval == 0:
+            trigger = "interval"
+        elif self.adaptive and self._last_keys is not None:
+            delta = self._delta(changed)
+            if delta > self.delta_threshold:
+                trigger = "delta"
+        if trigger is None:
+            return self.rv
+        if time.monotonic() < self._paused_until:
+            self.skipped.append((n, trigger, "PAUSED"))
+            return self.rv
+        self._measure(trigger, delta)
+        return self.rv
+
+    def measure_now(self) -> Optional[float]:
+        """Measures now, whatever the policy; returns R_V (None when the
+        measurement failed and on_error="warn")."""
+        record = self._measure("manual")
+        return record.rv if record is not None else None
+
+    # ---- measuring --------------------------------------------------------
+
+    def _tensor(self, layer):
+        """(TensorSpec, bytes) of one layer's stored V tensor, as it is now."""
+        w = self._modules[layer].weight.detach()
+        if w.device.type != "cpu":
+            w = w.to("cpu")
+        if w.dtype == torch.float64:
+            w = w.to(torch.float32)
+        w = w.contiguous()
+        rows, cols = w.shape
+        arr = w.view(torch.int16).numpy() if w.dtype == torch.bfloat16 else w.numpy()
+        g = self.resolved.geometry or (1, 1, rows)
+        spec = rvd_pb2.TensorSpec(
+            name=self._names[layer], layer=layer, dtype=_DTYPES[w.dtype],
+            shape=[rows, cols], layout=self._layout,
+            geometry=rvd_pb2.HeadGeometry(num_heads=g[0], num_kv_heads=g[1],
+                                          head_dim=g[2]))
+        return spec, memoryview(arr).cast("B")
+
+    def _measure(self, trigger, delta=None):
+        t0 = time.perf_counter()
+        keys = {l: self._key(l) for l in self._layers}
+        specs, payloads = zip(*(self._tensor(l) for l in self._layers))
+        step = self._step if self._mode == "training" else None
+        header = Client.header(self.model_id, list(specs), self._step,
+                               self.early_layers, self.late_layers,
+                               self.per_head)
+        try:
+            m = self.client.measure_encoded(header, list(payloads), self.timeout)
+        except RvdError as e:
+            self._failed(e, trigger)
+            return None
+        elapsed_ms = (time.perf_counter() - t0) * 1e3
+        record = RVMeasurement(
+            rv=m.rv if m.HasField("rv") else None,
+            per_layer_pr={l.layer: l.pr for l in m.layers},
+            timestamp=m.timestamp.seconds + m.timestamp.nanos * 1e-9,
+            step=step, elapsed_ms=elapsed_ms,
+            per_head_pr={l.layer: list(l.head_pr) for l in m.layers if l.head_pr},
+            sequence=m.sequence, trigger=trigger, delta=delta,
+            engine_ms=m.elapsed_ms)
+        self._history.append(record)
+        self._count += 1
+        self._latest = record
+        self._pending_registration = False
+        previous = self._last_keys
+        self._last_keys = keys
+        if self.adaptive:
+            with torch.no_grad():
+                for l, (w, _, _) in keys.items():
+                    if previous is not None and _same(previous[l], keys[l]):
+                        continue  # unchanged: the copy kept is still W_last
+                    self._last_weights[l] = w.detach().clone()
+                    self._last_sq[l] = float(torch.sum(
+                        w.detach().float() ** 2, dtype=torch.float64))
+        if self._failing:
+            log.info("rvd at %s answers again (model %s, step %d) after %d "
+                     "failed measurement(s)", self.client.address,
+                     self.model_id, self._step, self._failing)
+        self._failing = 0
+        self._backoff = 0.0
+        if self._gauges is not None:
+            self._update_gauges(record)
+        if self.verbose:
+            log.info("rvd %s step %s (%s): R_V %s, %.2f ms", self.model_id,
+                     step, trigger, record.rv, elapsed_ms)
+        return record
+
+    def _failed(self, error, trigger):
+        self.last_error = error
+        self.skipped.append((self._step, trigger, error.code_name))
+        self._failing += 1
+        if error.unreachable:
+            self.client.reconnect()
+        if error.code_name == "DEADLINE_EXCEEDED":
+            self._backoff = min(_BACKOFF_MAX_S, max(_BACKOFF_START_S, 2 * self._backoff))
+            self._paused_until = time.monotonic() + self._backoff
+        if self.on_error == "raise":
+            raise error
+        level = logging.WARNING if (self._failing == 1 or not error.unreachable) \
+            else logging.DEBUG
+        log.log(level, "rvd: %s measurement of model %s at step %d skipped "
+                "(training goes on): %s", trigger, self.model_id, self._step, error)
+
+    # ---- Prometheus (seed 000: rv_cuda_rv, rv_cuda_pr_layer) --------------
+
+    def _prometheus_gauges(self):
+        # rvd itself exports rvd_rv{model_id} and the per-layer PR on its
+        # /metrics; these gauges are the seed's in-process ones, for a
+        # trainer that already serves prometheus_client's registry.
+        try:
+            import prometheus_client
+        except ImportError:
+            log.warning("prometheus=True: prometheus_client is not installed; "
+                        "rvd's own /metrics serves rvd_rv{model_id=\"%s\"}",
+                        self.model_id)
+            return None
+        rv = _shared_gauge(prometheus_client, "rv_cuda_rv", "R_V of a model",
+                           ["model_id"])
+        pr = _shared_gauge(prometheus_client, "rv_cuda_pr_layer",
+                           "PR of a layer's V projection", ["model_id", "layer"])
+        return rv, pr
+
+    def _update_gauges(self, record):
+        rv, pr = self._gauges
+        if record.rv is not None:
+            rv.labels(self.model_id).set(record.rv)
+        for layer, value in record.per_layer_pr.items():
+            pr.labels(self.model_id, str(layer)).set(value)
+
+    # ---- exports ----------------------------------------------------------
+
+    def _record_json(self, r):
+        d = dataclasses.asdict(r)
+        d["per_layer_pr"] = {str(k): v for k, v in r.per_layer_pr.items()}
+        d["per_head_pr"] = {str(k): v for k, v in r.per_head_pr.items()}
+        return d
+
+    def export_json(self, path):
+        """Writes the monitor's settings and history (oldest first) as one
+        JSON object; per-layer maps are keyed by the layer as a string."""
+        doc = {
+            "model_id": self.model_id, "arch": self.arch, "mode": self._mode,
+            "layers": self.layers, "early_layers": self.early_layers,
+            "late_layers": self.late_layers,
+            "measurement_interval": self.measurement_interval,
+            "adaptive": self.adaptive, "delta_threshold": self.delta_threshold,
+            "per_head": self.per_head, "address": self.client.address,
+            "measurements": self._count,
+            "history": [self._record_json(r) for r in self._history],
+        }
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+
+    CSV_FIELDS = ("step", "timestamp", "rv", "elapsed_ms", "trigger", "delta",
+                  "sequence")
+
+    def export_csv(self, path):
+        """One row per recorded measurement (oldest first): the CSV_FIELDS,
+        then pr_layer_<l> for every monitored layer; empty cells for None."""
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(list(self.CSV_FIELDS) + [f"pr_layer_{l}" for l in self._layers])
+            for r in self._history:
+                row = [getattr(r, k) for k in self.CSV_FIELDS]
+                row += [r.per_layer_pr.get(l) for l in self._layers]
+                w.writerow(["" if v is None else repr(v) if isinstance(v, float)
+                            else v for v in row])
+
+    def summary(self) -> str:
+        """seed 000's summary: arch, mode, layers, the latest R_V, how many
+        measurements were recorded (ever, not only those history keeps) and
+        when the last one was taken."""
+        latest = self._latest
+        lines = ["RVMonitor",
+                 f"  arch       : {self.arch or 'unknown (' + self.resolved.pattern + ')'}",
+                 f"  mode       : {self._mode}",
+                 f"  layers     : {self.layers}",
+                 "  rv (latest): " + (f"{latest.rv:.6f}" if latest is not None
+                                      and latest.rv is not None else "None"),
+                 f"  # measurements: {self._count}"]
+        if latest is None:
+            lines.append("  last measured: never")
+        else:
+            lines.append(f"  last measured at step: {latest.step}, "
+                         f"t={latest.timestamp:.1f}")
+        return "\n".join(lines)
+
+    def close(self):
+        if self._owns_client:
+            self.client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _same(a, b):
+    """Two weight keys (tensor, storage pointer, version) are the same
+    weight version (the tensor by identity: == would compare elements)."""
+    return a[0] is b[0] and a[1] == b[1] and a[2] == b[2]
+
+
+def _shared_gauge(prometheus_client, name, doc, labels):
+    """One Gauge per name in the default registry, shared by monitors."""
+    existing = getattr(prometheus_client.REGISTRY, "_names_to_collectors", {})
+    if name in existing:
+        return existing[name]
+    return prometheus_client.Gauge(name, doc, labels)
