@@ -226,24 +226,24 @@ class CustomNet(nn.Module):
 # ---- V blocks as the tests' own oracle cuts them (numpy, float64) ---------
 
 def llama_v(model, layer):
-    return model.model.layers[layer].self_attn.v_proj.weight.detach().double().numpy()
+    return model.model.layers[layer].self_attn.v_proj.weight.detach().double().cpu().numpy()
 
 
 def neox_v(model, layer):
     c = model.gpt_neox.layers[layer].attention
-    w = c.query_key_value.weight.detach().double().numpy()
+    w = c.query_key_value.weight.detach().double().cpu().numpy()
     h, d = c.heads, w.shape[1] // c.heads
     return w.reshape(h, 3, d, -1)[:, 2].reshape(h * d, -1)
 
 
 def neox_v_heads(model, layer):
     c = model.gpt_neox.layers[layer].attention
-    w = c.query_key_value.weight.detach().double().numpy()
+    w = c.query_key_value.weight.detach().double().cpu().numpy()
     h, d = c.heads, w.shape[1] // c.heads
     return list(w.reshape(h, 3, d, -1)[:, 2])
 
 
 def gpt2_v(model, layer):
-    w = model.transformer.h[layer].attn.c_attn.weight.detach().double().numpy()
+    w = model.transformer.h[layer].attn.c_attn.weight.detach().double().cpu().numpy()
     d_model = w.shape[0]
     return w[:, 2 * d_model:]

@@ -16,6 +16,7 @@ import rvd
 from rvd import architectures
 import grpc
 from daemons import start_daemon
+from policy import perturb_, simulate
 from rvdtest import free_port, pr_oracle
 
 
@@ -78,15 +79,6 @@ def test_per_head_gqa_and_fused(daemon):
 
 # ---- the policy, step for step ------------------------------------------------
 
-def perturb_(model, layers, direction, size):
-    """Adds size * ||W|| * direction (unit Frobenius) to each layer's V, in
-    place (an optimizer-like update that bumps the version counter)."""
-    with torch.no_grad():
-        for l in layers:
-            w = model.model.layers[l].self_attn.v_proj.weight
-            w.add_(direction[l] * (size * float(w.norm())))
-
-
 def test_inference_mode_measures_once(daemon):
     model = models.LlamaForCausalLM()
     mon = rvd.RVMonitor(model, early_layers=[0], late_layers=[5],
@@ -136,27 +128,6 @@ def test_training_interval_and_unchanged_weights(daemon):
     at9 = mon.history[2]
     for l in mon.layers:
         assert rel(at9.per_layer_pr[l], pr_oracle(kept[l])) < 1e-5
-
-
-def simulate(updates, interval, threshold, layers):
-    """The expected (step, trigger, delta) of the policy, in float64, from the
-    weights the test itself keeps."""
-    expected, last = [(0, "registration", None)], {l: w.copy() for l, w in updates[0].items()}
-    for n in range(1, len(updates)):
-        now = updates[n]
-        if all(np.array_equal(now[l], last[l]) for l in layers):
-            continue
-        if n % interval == 0:
-            expected.append((n, "interval", None))
-            last = {l: w.copy() for l, w in now.items()}
-            continue
-        num = sum(np.sum((now[l] - last[l]) ** 2) for l in layers)
-        den = sum(np.sum(last[l] ** 2) for l in layers)
-        delta = float(np.sqrt(num / den))
-        if delta > threshold:
-            expected.append((n, "delta", delta))
-            last = {l: w.copy() for l, w in now.items()}
-    return expected
 
 
 def test_adaptive_delta_trigger(daemon, seed):

@@ -7,3 +7,5 @@ except ImportError as e:  # pragma: no cover - depends on the checkout
         "the build generates them from proto/rvd/v1/rvd.proto (`make build`, "
         "or `cmake --build BUILD --target rvd_python_client`), then install "
         "again: " + str(e)) from e
+
+__all__ = ["rvd_pb2", "rvd_pb2_grpc"]

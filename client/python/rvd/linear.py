@@ -7,7 +7,6 @@ at every forward: the weight's identity, storage and in-place version
 counter say when it changed (see monitor.py). For R_V of a whole model, or
 a fused QKV weight, use RVMonitor, which rvd measures.
 """
-import torch
 from torch import nn
 
 from . import architectures
