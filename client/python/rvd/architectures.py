@@ -27,7 +27,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
-import yaml
+try:
+    import yaml
+except ImportError as e:  # the plain client (rvd.Client) needs no YAML
+    raise ImportError("rvd's architecture table (config/architectures.yaml) "
+                      "needs PyYAML (Debian: python3-yaml)") from e
 
 from .client import layout_value
 

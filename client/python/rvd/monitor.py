@@ -22,7 +22,10 @@ When it measures (the policy; the history follows it step for step):
              costs no read of the weights. Writes through `param.data` (a
              tensor with its own counter) are not seen: call measure_now().
              The delta needs W_last: with adaptive the monitor keeps a copy
-             of the monitored V set on the weights' device.
+             of the monitored V set on the weights' device, and a step that
+             changed the weights reads them once there and waits for that
+             one reduction (a device synchronization per such step, in copy
+             mode; rvd is to evaluate it on its side with the IPC transport).
   measure_now() always measures.
 
 When rvd fails: on_error="warn" (default) logs, records the step in
