@@ -77,6 +77,10 @@ absl::Status NonFiniteError(size_t index) {
       absl::StrCat("batch[", index, "]: matrix contains NaN or Inf"));
 }
 
+absl::Status CallCancelled() {
+  return absl::CancelledError("the caller cancelled the call; no result");
+}
+
 absl::StatusOr<VariantKind> CheckCall(absl::Span<const MatrixView> batch,
                                       const VariantSpec& variant,
                                       absl::Span<double> out,

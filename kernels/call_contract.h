@@ -10,6 +10,8 @@
 //   UNIMPLEMENTED     an unknown variant name (the message names the backend
 //                     and the known variants).
 //
+//   CANCELLED         the caller set CallOptions::cancel (CallCancelled).
+//
 // Thread-safe: pure functions.
 #ifndef RVD_KERNELS_CALL_CONTRACT_H_
 #define RVD_KERNELS_CALL_CONTRACT_H_
@@ -61,6 +63,15 @@ absl::StatusOr<VariantKind> CheckCall(absl::Span<const MatrixView> batch,
                                       absl::Span<double> out,
                                       std::string_view backend,
                                       std::string_view default_variant);
+
+// Whether the caller has asked the call to stop (CallOptions::cancel set).
+// Cheap (one relaxed load): the engines call it at every checkpoint.
+inline bool CancelRequested(const CallOptions& call) {
+  return call.cancel != nullptr && call.cancel->load(std::memory_order_relaxed);
+}
+
+// CANCELLED "the caller cancelled the call; no result".
+absl::Status CallCancelled();
 
 // PR = (sum s_i^2)^2 / sum s_i^4 from singular values, in float64, each
 // scaled by the largest first so that s^4 can neither overflow nor

@@ -36,6 +36,11 @@
 // are held at once, so their number is capped by the call's scratch budget.
 // OpenBLAS's own threading is switched off once, for the whole process,
 // when the first CPU engine is created.
+//
+// Cancellation (CallOptions::cancel): every matrix, every tile of the
+// algebraic variant and every part of a split matrix starts by looking at
+// the flag, so a cancelled call ends within one tile's work per thread
+// (a BLAS or LAPACK call in progress is never interrupted).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -822,7 +827,8 @@ double AlgebraicFloat64(const MatrixView& v) {
 // The algebraic variant on one thread: tile after tile over the whole long
 // side, each reduced as soon as it is done (one tile of scratch).
 absl::StatusOr<double> AlgebraicOne(const MatrixView& v, size_t index,
-                                    bool avx512, bool mutant) {
+                                    bool avx512, bool mutant,
+                                    const CallOptions& call) {
   Scratch& sc = ThreadScratch();
   const Shape s = ShapeOf(v);
   const int64_t side = std::min(s.n, kGramTile);
@@ -830,6 +836,7 @@ absl::StatusOr<double> AlgebraicOne(const MatrixView& v, size_t index,
   double* gd = d + s.n;
   double off = 0;
   for (const Tile& t : UpperTiles(s.n, side)) {
+    if (CancelRequested(call)) return CallCancelled();
     double* g = sc.gram.Grow(t.ni * t.nj);
     GramTile(v, t, 0, s.len, avx512, mutant, sc, g, d + t.i0);
     const double* gs[1] = {g};
@@ -1092,12 +1099,14 @@ class CpuEngine : public Engine {
     return s;
   }
 
+  using Engine::ComputePR;
   absl::Status ComputePR(absl::Span<const MatrixView> batch,
-                         const VariantSpec& variant,
-                         absl::Span<double> out) override {
+                         const VariantSpec& variant, absl::Span<double> out,
+                         const CallOptions& call) override {
     absl::StatusOr<VariantKind> kind =
         CheckCall(batch, variant, out, kBackend, kDefaultVariant);
     if (!kind.ok()) return kind.status();
+    if (CancelRequested(call)) return CallCancelled();
     if (*kind == VariantKind::kFused) {
       return absl::UnimplementedError(
           "variant 'fused' is a GPU kernel; not implemented on the cpu "
@@ -1108,16 +1117,20 @@ class CpuEngine : public Engine {
         std::any_of(batch.begin(), batch.end(), [](const MatrixView& v) {
           return GramFlops(v) >= kSplitMinFlops;
         })) {
-      return SplitAlgebraic(batch, out);
+      return SplitAlgebraic(batch, out, call);
     }
     std::vector<absl::Status> errors(batch.size());
     pool_.ParallelFor(static_cast<int64_t>(batch.size()), [&](int64_t i) {
+      if (CancelRequested(call)) {
+        errors[i] = CallCancelled();
+        return;
+      }
       const MatrixView& v = batch[i];
       absl::StatusOr<double> pr;
       try {
         switch (*kind) {
           case VariantKind::kAlgebraic:
-            pr = AlgebraicOne(v, i, avx512_, mutant_);
+            pr = AlgebraicOne(v, i, avx512_, mutant_, call);
             break;
           case VariantKind::kNaive:
             pr = NaiveOne(v, i);
@@ -1142,6 +1155,10 @@ class CpuEngine : public Engine {
         errors[i] = pr.status();
       }
     });
+    // A cancelled call answers CANCELLED, whatever else a matrix met.
+    for (const absl::Status& s : errors) {
+      if (absl::IsCancelled(s)) return s;
+    }
     for (const absl::Status& s : errors) {
       if (!s.ok()) return s;
     }
@@ -1156,7 +1173,7 @@ class CpuEngine : public Engine {
   // summed in float64 and reduced; a matrix in one part has each tile
   // reduced by the worker that computed it.
   absl::Status SplitAlgebraic(absl::Span<const MatrixView> batch,
-                              absl::Span<double> out) {
+                              absl::Span<double> out, const CallOptions& call) {
     struct Work {
       CpuGramPlan plan;
       std::vector<Tile> tiles;
@@ -1202,6 +1219,7 @@ class CpuEngine : public Engine {
     }
     std::vector<char> failed(items.size(), 0);
     pool_.ParallelFor(static_cast<int64_t>(items.size()), [&](int64_t j) {
+      if (CancelRequested(call)) return;  // answered below
       Item& it = items[j];
       Work& w = work[it.matrix];
       const MatrixView& v = batch[it.matrix];
@@ -1228,6 +1246,8 @@ class CpuEngine : public Engine {
       }
       TrimThreadScratch();
     });
+    // Items skipped for the flag left their tiles unsummed: no result.
+    if (CancelRequested(call)) return CallCancelled();
     // The held parts, summed and reduced tile by tile, across the threads.
     std::vector<std::pair<size_t, size_t>> held;  // (matrix, tile)
     for (size_t i = 0; i < batch.size(); ++i) {
@@ -1235,6 +1255,7 @@ class CpuEngine : public Engine {
       for (size_t t = 0; t < work[i].tiles.size(); ++t) held.push_back({i, t});
     }
     pool_.ParallelFor(static_cast<int64_t>(held.size()), [&](int64_t h) {
+      if (CancelRequested(call)) return;  // answered below
       const auto [i, t] = held[h];
       Work& w = work[i];
       const size_t parts = static_cast<size_t>(w.plan.parts);
@@ -1252,6 +1273,7 @@ class CpuEngine : public Engine {
         items[first + p].diag.Release();
       }
     });
+    if (CancelRequested(call)) return CallCancelled();
     for (size_t j = 0; j < items.size(); ++j) {
       if (failed[j]) return OutOfMemory(items[j].matrix);
     }
@@ -1270,6 +1292,7 @@ class CpuEngine : public Engine {
         out[i] = pr;
         continue;
       }
+      if (CancelRequested(call)) return CallCancelled();
       try {
         out[i] = AlgebraicFloat64(batch[i]);
       } catch (const std::bad_alloc&) {

@@ -9,7 +9,9 @@
 // Every test prints the seed of its inputs (and each failure carries it):
 // RVD_TEST_SEED=<seed> cpu_engine_test --gtest_filter=<test> replays it.
 #include <algorithm>
+#include <atomic>
 #include <bit>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -733,6 +735,131 @@ TEST(DTypeConvertTest, BFloat16RoundTripsAndRoundsToEven) {
   EXPECT_TRUE(IsExactVariant("algebraic"));
   EXPECT_FALSE(IsExactVariant("sketch"));
   EXPECT_EQ(KnownVariants().size(), 5u);
+}
+
+// ---------------------------------------------------------------------------
+// Cancellation (CallOptions::cancel).
+
+// A bf16 rows x cols matrix of seeded uniform values in [-1, 1).
+struct Bf16Matrix {
+  std::vector<uint16_t> data;
+  MatrixView view;
+};
+Bf16Matrix RandomBf16(int64_t rows, int64_t cols, std::mt19937_64& rng) {
+  Bf16Matrix m;
+  m.data.resize(static_cast<size_t>(rows * cols));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (uint16_t& x : m.data) x = FloatToBFloat16(u(rng));
+  m.view = MatrixView{m.data.data(), rows, cols, cols, DType::kBF16};
+  return m;
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Seconds one thread of `engine_threads` = 1 takes for a full 512 x 512
+// Gram tile over `len` bf16 columns: a 1024-row matrix is two diagonal
+// tiles (half a tile's work each) and one full tile.
+double TileSeconds(int64_t len, std::mt19937_64& rng) {
+  Bf16Matrix m = RandomBf16(1024, len, rng);
+  std::unique_ptr<Engine> one = MakeEngine(CpuGramKernel::kAuto, 1);
+  double pr = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(one->ComputePR({m.view}, {}, absl::MakeSpan(&pr, 1)).ok());
+  return SecondsSince(t0) / 2;
+}
+
+struct CancelledRun {
+  absl::Status status;
+  double after_flag_s = 0;  // from setting the flag to the call's return
+};
+
+// Runs `batch` on `engine` and sets the call's flag from another thread
+// `delay` into it.
+CancelledRun RunCancelledAfter(Engine& engine, absl::Span<const MatrixView> batch,
+                               std::chrono::milliseconds delay) {
+  std::atomic<bool> cancel{false};
+  std::vector<double> out(batch.size());
+  CancelledRun run;
+  std::chrono::steady_clock::time_point flagged;
+  std::thread setter([&] {
+    std::this_thread::sleep_for(delay);
+    flagged = std::chrono::steady_clock::now();
+    cancel.store(true);
+  });
+  CallOptions call;
+  call.cancel = &cancel;
+  run.status = engine.ComputePR(batch, {}, absl::MakeSpan(out), call);
+  setter.join();
+  run.after_flag_s = SecondsSince(flagged);
+  return run;
+}
+
+// One large matrix on two threads (the split path: its 36 tiles spread over
+// the threads): the flag set 150 ms in stops the call within about one
+// tile's work per thread, where the whole call is ~18 tiles per thread.
+TEST(CpuEngineCancelTest, SplitMatrixStopsWithinATileOfTheFlag) {
+  std::mt19937_64 rng = SeededRng("cancel-split");
+  constexpr int64_t kLen = 16384;
+  const double tile_s = TileSeconds(kLen, rng);
+  Bf16Matrix m = RandomBf16(4096, kLen, rng);
+  std::unique_ptr<Engine> engine = MakeEngine(CpuGramKernel::kAuto, 2);
+  const int64_t served_before = Served(CpuGramKernel::kAvx512) + Served(CpuGramKernel::kOpenBlas);
+  const CancelledRun run =
+      RunCancelledAfter(*engine, {m.view}, std::chrono::milliseconds(150));
+  EXPECT_TRUE(absl::IsCancelled(run.status)) << run.status;
+  // A tile in flight on each thread finishes first; 4 tiles and 0.5 s of
+  // slack for a loaded machine, against ~18 tiles for the whole call.
+  EXPECT_LT(run.after_flag_s, 4 * tile_s + 0.5) << "one tile takes " << tile_s << " s";
+  std::printf("a tile: %.3f s; stopped %.3f s after the flag\n", tile_s, run.after_flag_s);
+  EXPECT_EQ(Served(CpuGramKernel::kAvx512) + Served(CpuGramKernel::kOpenBlas), served_before)
+      << "a cancelled call counts nothing as served";
+}
+
+// A batch as large as the pool (each matrix whole on one thread, its tiles
+// one after another): the flag stops each matrix between tiles.
+TEST(CpuEngineCancelTest, BatchStopsBetweenTilesOfEachMatrix) {
+  std::mt19937_64 rng = SeededRng("cancel-batch");
+  constexpr int64_t kLen = 16384;
+  const double tile_s = TileSeconds(kLen, rng);
+  Bf16Matrix a = RandomBf16(3072, kLen, rng);  // 21 tiles each
+  Bf16Matrix b = RandomBf16(3072, kLen, rng);
+  std::unique_ptr<Engine> engine = MakeEngine(CpuGramKernel::kAuto, 2);
+  const std::vector<MatrixView> batch = {a.view, b.view};
+  const CancelledRun run =
+      RunCancelledAfter(*engine, batch, std::chrono::milliseconds(150));
+  EXPECT_TRUE(absl::IsCancelled(run.status)) << run.status;
+  EXPECT_LT(run.after_flag_s, 4 * tile_s + 0.5) << "one tile takes " << tile_s << " s";
+  std::printf("a tile: %.3f s; stopped %.3f s after the flag\n", tile_s, run.after_flag_s);
+  // The engine serves the next call normally.
+  Bf16Matrix small = RandomBf16(64, 300, rng);
+  double pr = 0;
+  ASSERT_TRUE(engine->ComputePR({small.view}, {}, absl::MakeSpan(&pr, 1)).ok());
+  EXPECT_NEAR(pr, Oracle(small.view), 2e-6 * Oracle(small.view));
+}
+
+// A flag already set: every variant answers CANCELLED before any work and
+// leaves the result slot unwritten (the contract's NaN).
+TEST(CpuEngineCancelTest, FlagSetBeforeTheCallCancelsEveryVariant) {
+  std::mt19937_64 rng = SeededRng("cancel-before");
+  Bf16Matrix m = RandomBf16(40, 90, rng);
+  std::unique_ptr<Engine> engine = MakeEngine(CpuGramKernel::kAuto, 2);
+  std::atomic<bool> cancel{true};
+  CallOptions call;
+  call.cancel = &cancel;
+  for (const char* name : {"algebraic", "naive", "power_iter", "sketch"}) {
+    VariantSpec spec;
+    spec.name = name;
+    double pr = 1.0;
+    const absl::Status s = engine->ComputePR({m.view}, spec, absl::MakeSpan(&pr, 1), call);
+    EXPECT_TRUE(absl::IsCancelled(s)) << name << ": " << s;
+    EXPECT_TRUE(std::isnan(pr)) << name;
+  }
+  cancel = false;
+  double pr = 0;
+  EXPECT_TRUE(engine->ComputePR({m.view}, {}, absl::MakeSpan(&pr, 1), call).ok());
+  EXPECT_NEAR(pr, Oracle(m.view), 2e-6 * pr);
 }
 
 }  // namespace

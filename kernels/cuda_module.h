@@ -31,7 +31,8 @@
 extern "C" {
 #endif
 
-#define RVD_CUDA_MODULE_ABI_VERSION 1u
+/* 2: compute takes an rvd_call (ordering event and cancellation flag). */
+#define RVD_CUDA_MODULE_ABI_VERSION 2u
 /* The one symbol the module exports: a function returning its table. */
 #define RVD_CUDA_MODULE_SYMBOL "rvd_cuda_module_table"
 
@@ -64,6 +65,18 @@ typedef struct rvd_status {
   char message[1024]; /* NUL-terminated, truncated to fit */
 } rvd_status;
 
+/* What one compute call may be ordered after and stopped by. */
+typedef struct rvd_call {
+  /* Device matrices: a cudaEvent_t the engine's work waits for, or NULL. */
+  void* ready;
+  /* NULL, or a flag the caller sets (from any thread) to stop the call: the
+   * module reads it at its checkpoints (before each chunk and each launch)
+   * and answers CANCELLED (code 1). It is a C++ std::atomic<bool> (C11
+   * atomic_bool: one byte, lock-free, the same object on both sides), read
+   * with an atomic load; it must outlive the call. */
+  const void* cancel;
+} rvd_call;
+
 typedef struct rvd_cuda_options {
   int32_t device;
   int32_t streams;
@@ -86,10 +99,10 @@ typedef struct rvd_cuda_module {
   void (*destroy)(rvd_cuda_engine* engine);
   /* The kernel version string; valid as long as the engine. */
   const char* (*version)(rvd_cuda_engine* engine);
-  /* PR of each matrix into out[0..n). `ready`: for device matrices, a
-   * cudaEvent_t the engine's work waits for, or NULL. Returns status->code. */
+  /* PR of each matrix into out[0..n), ordered and cancellable by `call`
+   * (NULL: neither). Returns status->code. */
   int32_t (*compute)(rvd_cuda_engine* engine, const rvd_matrix* batch, size_t n,
-                     const rvd_variant* variant, double* out, void* ready,
+                     const rvd_variant* variant, double* out, const rvd_call* call,
                      rvd_status* status);
   void (*stats)(rvd_cuda_engine* engine, rvd_stats_sink sink, void* sink_ctx);
   /* NULL when the device is usable, else why not (valid until destroy). */

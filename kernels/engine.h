@@ -10,6 +10,7 @@
 #ifndef RVD_KERNELS_ENGINE_H_
 #define RVD_KERNELS_ENGINE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -54,6 +55,16 @@ struct VariantSpec {
   int sketch_rank = 64;       // sketch: Gaussian sketch rank r
   uint64_t seed = 0;          // power_iter, sketch
   bool hutch_plus_plus = false;  // power_iter: Hutch++ instead of Hutchinson
+};
+
+// How a caller may stop one call early.
+struct CallOptions {
+  // When non-null and set (by any thread) while the call runs, the engine
+  // stops at its next checkpoint (CPU: before each matrix, tile and part;
+  // CUDA: before each chunk and each launch) and returns CANCELLED; `out`
+  // then holds nothing to use, and the call counts nothing as served.
+  // The flag must outlive the call. Set before the call: CANCELLED at once.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // The variant names every backend knows, in a fixed order.
@@ -102,10 +113,16 @@ class Engine {
   // A matrix whose entries are all zero has no spectrum: its PR is 0.
   // Errors: INVALID_ARGUMENT for a bad view or NaN/Inf in a matrix (the
   // message names the batch index), UNIMPLEMENTED for a variant this
-  // backend does not have (the message names the backend).
+  // backend does not have (the message names the backend), CANCELLED once
+  // call.cancel is set (CallOptions). The overload without `call` cannot be
+  // cancelled.
   virtual absl::Status ComputePR(absl::Span<const MatrixView> batch,
-                                 const VariantSpec& variant,
-                                 absl::Span<double> out) = 0;
+                                 const VariantSpec& variant, absl::Span<double> out,
+                                 const CallOptions& call) = 0;
+  absl::Status ComputePR(absl::Span<const MatrixView> batch, const VariantSpec& variant,
+                         absl::Span<double> out) {
+    return ComputePR(batch, variant, out, CallOptions());
+  }
 
   // The same for matrices in device memory of this process (allocated
   // here, or another process's memory mapped here through CUDA IPC): the
@@ -115,10 +132,14 @@ class Engine {
   // answer UNIMPLEMENTED.
   virtual absl::Status ComputePRDevice(absl::Span<const MatrixView> batch,
                                        const VariantSpec& variant, absl::Span<double> out,
-                                       void* ready) {
-    (void)batch, (void)variant, (void)out, (void)ready;
+                                       void* ready, const CallOptions& call) {
+    (void)batch, (void)variant, (void)out, (void)ready, (void)call;
     return absl::UnimplementedError(
         absl::StrCat("the ", Backend(), " backend takes host memory only"));
+  }
+  absl::Status ComputePRDevice(absl::Span<const MatrixView> batch, const VariantSpec& variant,
+                               absl::Span<double> out, void* ready) {
+    return ComputePRDevice(batch, variant, out, ready, CallOptions());
   }
 
   // Everything an operator needs to see of the engine, cumulative counters

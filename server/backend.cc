@@ -3,12 +3,17 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda_module.h"
+
+// rvd_call::cancel crosses the boundary as the caller's std::atomic<bool>.
+static_assert(sizeof(std::atomic<bool>) == 1 && std::atomic<bool>::is_always_lock_free,
+              "rvd_call::cancel must be a one-byte lock-free flag (C11 atomic_bool)");
 
 namespace rvd {
 namespace {
@@ -36,18 +41,22 @@ class ModuleEngine : public Engine {
   std::string Version() const override { return version_; }
   std::string DefaultVariant() const override { return "fused"; }
 
+  using Engine::ComputePR;
   absl::Status ComputePR(absl::Span<const MatrixView> batch, const VariantSpec& variant,
-                         absl::Span<double> out) override {
-    return Compute(batch, variant, out, RVD_MEMORY_HOST, nullptr);
+                         absl::Span<double> out, const CallOptions& call) override {
+    return Compute(batch, variant, out, RVD_MEMORY_HOST, nullptr, call);
   }
 
+  using Engine::ComputePRDevice;
   absl::Status ComputePRDevice(absl::Span<const MatrixView> batch, const VariantSpec& variant,
-                               absl::Span<double> out, void* ready) override {
-    return Compute(batch, variant, out, RVD_MEMORY_DEVICE, ready);
+                               absl::Span<double> out, void* ready,
+                               const CallOptions& call) override {
+    return Compute(batch, variant, out, RVD_MEMORY_DEVICE, ready, call);
   }
 
   absl::Status Compute(absl::Span<const MatrixView> batch, const VariantSpec& variant,
-                       absl::Span<double> out, int32_t memory, void* ready) {
+                       absl::Span<double> out, int32_t memory, void* ready,
+                       const CallOptions& options) {
     if (out.size() != batch.size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("out has ", out.size(), " slots for a batch of ", batch.size()));
@@ -59,8 +68,9 @@ class ModuleEngine : public Engine {
     }
     const rvd_variant spec{variant.name.c_str(), variant.probes, variant.sketch_rank,
                            variant.seed, variant.hutch_plus_plus ? 1 : 0};
+    const rvd_call call{ready, options.cancel};
     rvd_status status{};
-    module_->compute(engine_, m.data(), m.size(), &spec, out.data(), ready, &status);
+    module_->compute(engine_, m.data(), m.size(), &spec, out.data(), &call, &status);
     return FromModule(status);
   }
 

@@ -17,8 +17,9 @@ class FakeEngine final : public Engine {
   std::string Backend() const override { return "cpu"; }
   std::string Version() const override { return "fake-1"; }
   std::string DefaultVariant() const override { return "algebraic"; }
+  using Engine::ComputePR;
   absl::Status ComputePR(absl::Span<const MatrixView>, const VariantSpec&,
-                         absl::Span<double>) override {
+                         absl::Span<double>, const CallOptions&) override {
     return absl::UnimplementedError("fake");
   }
   EngineStats Stats() const override {

@@ -2,8 +2,8 @@
 // top, serves until SIGTERM or SIGINT, then shuts down and exits 0.
 //
 // Signals: SIGTERM and SIGINT stop rvd; in-flight work gets
-// Server::kShutdownGrace, then rvd exits without it (the engine cannot be
-// interrupted mid-call). SIGHUP is logged and ignored (nothing is reloadable
+// Server::kShutdownGrace, then it is cancelled (engine calls stop at their
+// next checkpoint, nothing is recorded) and rvd exits. SIGHUP is logged and ignored (nothing is reloadable
 // yet); SIGUSR1 logs the daemon's state. No work runs in a signal handler:
 // the handler writes the signal's number to a pipe that main reads.
 // (Blocking the signals and sigwait-ing would not do: threads started before
@@ -131,8 +131,9 @@ int main(int argc, char** argv) {
   }
   spdlog::info("received {}; finishing in-flight work (up to {} s)",
                strsignal(signal), rvd::Server::kShutdownGrace.count());
-  // Shutdown cancels in-flight calls at the grace deadline, but a call
-  // inside the engine runs to its end; rvd does not wait for it.
+  // Shutdown cancels in-flight calls at the grace deadline, and their engine
+  // calls stop at the next checkpoint (a tile, a chunk); one that still does
+  // not return (a long BLAS or cuSOLVER call) is not waited for.
   absl::Notification stopped;
   std::thread stopper([&] {
     (*server)->Shutdown();

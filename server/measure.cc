@@ -64,6 +64,16 @@ absl::Status WithTensor(const TensorSpec& spec, const absl::Status& s) {
                              "): ", s.message()));
 }
 
+bool IsSet(const std::atomic<bool>* cancel) {
+  return cancel != nullptr && cancel->load();
+}
+
+absl::Status Cancelled() {
+  return absl::CancelledError(
+      "the request was cancelled (client gone, deadline passed or rvd "
+      "shutting down) during the computation; nothing was recorded");
+}
+
 double GeometricMean(const std::vector<double>& values) {
   double log_sum = 0;
   for (double v : values) log_sum += std::log(v);
@@ -208,7 +218,8 @@ void DefaultLayerSets(const std::vector<uint32_t>& sorted_layers,
 absl::StatusOr<Measurement> ComputeMeasurement(
     Engine& engine, const MeasureHeader& header,
     absl::Span<const std::string_view> data,
-    const std::string& default_variant) {
+    const std::string& default_variant, const std::atomic<bool>* cancel) {
+  if (IsSet(cancel)) return Cancelled();
   const int n = header.tensors_size();
   if (static_cast<int>(data.size()) != n) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -256,10 +267,13 @@ absl::StatusOr<Measurement> ComputeMeasurement(
 
   std::vector<double> pr(views.size());
   const auto start = std::chrono::steady_clock::now();
-  absl::Status s = engine.ComputePR(views, variant, absl::MakeSpan(pr));
+  CallOptions call;
+  call.cancel = cancel;
+  absl::Status s = engine.ComputePR(views, variant, absl::MakeSpan(pr), call);
   const double elapsed_ms = std::chrono::duration<double, std::milli>(
                                 std::chrono::steady_clock::now() - start)
                                 .count();
+  if (IsSet(cancel)) return Cancelled();
   if (!s.ok()) {
     // The engine names a batch index; on this (rare) path find the tensor
     // by computing each layer alone, so the message names it.
@@ -333,6 +347,12 @@ absl::StatusOr<Measurement> ComputeMeasurement(
   m.mutable_timestamp()->set_seconds(absl::ToUnixSeconds(now));
   m.mutable_timestamp()->set_nanos(absl::ToUnixNanos(now) % 1000000000);
   return m;
+}
+
+absl::StatusOr<MeasurementLog::Entry> RecordUnlessCancelled(
+    History& history, Measurement m, const std::atomic<bool>* cancel) {
+  if (IsSet(cancel)) return Cancelled();
+  return history.Add(std::move(m));
 }
 
 }  // namespace rvd

@@ -5,6 +5,7 @@
 #ifndef RVD_SERVER_MEASURE_H_
 #define RVD_SERVER_MEASURE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "absl/types/span.h"
 #include "kernels/engine.h"
 #include "rvd/v1/limits.h"
+#include "server/history.h"
 #include "rvd/v1/rvd.pb.h"
 
 namespace rvd {
@@ -59,11 +61,24 @@ void DefaultLayerSets(const std::vector<uint32_t>& sorted_layers,
 // Computes the measurement. `data[i]` holds the bytes of header.tensors[i];
 // the header must have passed ValidateHeader. A request that names no
 // variant gets `default_variant`, or the engine's default when that is
-// empty. The caller stores the result.
+// empty. The caller stores the result (RecordUnlessCancelled).
+//
+// `cancel` (may be null): once set, by any thread (the client went away,
+// its deadline passed, rvd's shutdown grace ran out), the engine call stops
+// at its next checkpoint (CallOptions::cancel) and the answer is CANCELLED;
+// a flag set after the engine returned also answers CANCELLED, so that no
+// result of a cancelled request is handed on.
 absl::StatusOr<rvd::v1::Measurement> ComputeMeasurement(
     Engine& engine, const rvd::v1::MeasureHeader& header,
     absl::Span<const std::string_view> data,
-    const std::string& default_variant = "");
+    const std::string& default_variant = "",
+    const std::atomic<bool>* cancel = nullptr);
+
+// Appends `m` to `history` unless `cancel` (may be null) is set: then
+// CANCELLED and history is unchanged. A request told it failed must find
+// nothing of it in history.
+absl::StatusOr<MeasurementLog::Entry> RecordUnlessCancelled(
+    History& history, rvd::v1::Measurement m, const std::atomic<bool>* cancel);
 
 }  // namespace rvd
 

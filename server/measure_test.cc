@@ -1,12 +1,19 @@
 #include "server/measure.h"
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/dtype_convert.h"
+#include "server/cancel_watch.h"
 
 namespace rvd {
 namespace {
@@ -230,6 +237,139 @@ TEST(DefaultLayerSetsTest, QuartersRoundUp) {
   DefaultLayerSets({3, 9, 10, 20}, &early, &late);
   EXPECT_THAT(early, ::testing::ElementsAre(3));
   EXPECT_THAT(late, ::testing::ElementsAre(20));
+}
+
+// Cancellation: a request cancelled while the engine computes (the client
+// gone, its deadline passed, the shutdown grace run out: each sets the
+// flag) stops inside the engine and leaves nothing in history.
+History::Options SmallHistory() {
+  History::Options o;
+  o.capacity_per_model = 10;
+  o.max_models = 4;
+  return o;
+}
+
+// A one-layer request: `rows` x `cols` bf16 of seeded uniform values.
+struct Bf16Request {
+  MeasureHeader header;
+  std::string bytes;
+};
+Bf16Request Bf16Layer(int rows, int cols, std::mt19937_64& rng) {
+  Bf16Request r;
+  r.header.set_model_id("big");
+  AddSeparate(r.header, 0, rows / 128, 128, cols);
+  r.header.mutable_tensors(0)->set_dtype(rvd::v1::DTYPE_BF16);
+  r.bytes.resize(size_t{2} * rows * cols);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  auto* b = reinterpret_cast<uint16_t*>(r.bytes.data());
+  for (size_t i = 0; i < r.bytes.size() / 2; ++i) b[i] = FloatToBFloat16(u(rng));
+  return r;
+}
+
+double SecondsBetween(std::chrono::steady_clock::time_point a,
+                      std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+TEST(MeasureCancelTest, CancelledDuringTheEngineCallStopsAndRecordsNothing) {
+  const uint64_t seed = std::random_device()();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  SCOPED_TRACE(absl::StrCat("seed ", seed));
+  std::mt19937_64 rng(seed);
+  constexpr int kCols = 16384;
+  // One 512 x 512 Gram tile's time on one thread: a 1024-row layer is two
+  // diagonal tiles (half a tile each) and one full tile.
+  double tile_s = 0;
+  {
+    const Bf16Request probe = Bf16Layer(1024, kCols, rng);
+    std::unique_ptr<Engine> one = NewCpuEngine(1);
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_TRUE(ComputeMeasurement(*one, probe.header, {probe.bytes}).ok());
+    tile_s = SecondsBetween(t0, std::chrono::steady_clock::now()) / 2;
+  }
+  // 4096 x 16384 bf16 (128 MiB): 36 tiles, ~18 tiles' time on two threads.
+  const Bf16Request big = Bf16Layer(4096, kCols, rng);
+  const std::vector<std::string_view> data = {big.bytes};
+  std::unique_ptr<Engine> engine = NewCpuEngine(2);
+  History history(NewMemLog(100), SmallHistory());
+
+  std::atomic<bool> cancel{false};
+  std::chrono::steady_clock::time_point flagged;
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    flagged = std::chrono::steady_clock::now();
+    cancel = true;
+  });
+  absl::StatusOr<rvd::v1::Measurement> m =
+      ComputeMeasurement(*engine, big.header, data, "", &cancel);
+  absl::Status recorded = m.status();
+  if (m.ok()) recorded = RecordUnlessCancelled(history, *m, &cancel).status();
+  const auto end = std::chrono::steady_clock::now();
+  setter.join();
+  EXPECT_TRUE(absl::IsCancelled(recorded)) << recorded;
+  EXPECT_THAT(recorded.message(), HasSubstr("nothing was recorded"));
+  EXPECT_EQ(history.log().LastSequence(), 0u);
+  EXPECT_TRUE(history.index().Models().empty());
+  // The engine stopped within the tiles in flight (one per thread, with
+  // slack for a loaded machine), not after the layer's 18 tiles per thread.
+  const double after = SecondsBetween(flagged, end);
+  std::printf("a tile: %.3f s; stopped %.3f s after the flag\n", tile_s, after);
+  EXPECT_LT(after, 4 * tile_s + 0.5);
+
+  // The flag cleared, a request is computed and recorded.
+  cancel = false;
+  std::mt19937_64 small_rng(seed);
+  const Bf16Request small = Bf16Layer(256, 512, small_rng);
+  m = ComputeMeasurement(*engine, small.header, {small.bytes}, "", &cancel);
+  ASSERT_TRUE(m.ok()) << m.status();
+  absl::StatusOr<MeasurementLog::Entry> stored = RecordUnlessCancelled(history, *m, &cancel);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ((*stored)->sequence(), 1u);
+}
+
+TEST(MeasureCancelTest, FlagSetAfterComputingStillRecordsNothing) {
+  std::mt19937_64 rng(7);
+  MeasureHeader header;
+  header.set_model_id("m");
+  AddSeparate(header, 0, 2, 8, 48);
+  const std::string bytes = RandomV(16, 48, rng, 0.0);
+  const std::vector<std::string_view> data = {bytes};
+  std::unique_ptr<Engine> engine = NewCpuEngine(1);
+  History history(NewMemLog(100), SmallHistory());
+  std::atomic<bool> cancel{false};
+  absl::StatusOr<rvd::v1::Measurement> m = ComputeMeasurement(*engine, header, data, "", &cancel);
+  ASSERT_TRUE(m.ok()) << m.status();
+  cancel = true;  // the client left between computing and recording
+  EXPECT_TRUE(absl::IsCancelled(RecordUnlessCancelled(history, *m, &cancel).status()));
+  EXPECT_EQ(history.log().LastSequence(), 0u);
+  // Set before computing: nothing is computed.
+  EXPECT_TRUE(absl::IsCancelled(ComputeMeasurement(*engine, header, data, "", &cancel).status()));
+}
+
+// The service's flags: a call whose caller has gone gets its flag set by
+// the watch's thread; CancelAll (the shutdown grace) sets every flag, and
+// every later call's at registration.
+TEST(CancelWatchTest, SetsTheFlagOfAGoneCallAndEveryFlagAfterCancelAll) {
+  CancelWatch watch(absl::Milliseconds(5));
+  std::atomic<bool> gone{false}, flag{false}, other{false};
+  {
+    CancelWatch::Watch a(watch, [&] { return gone.load(); }, &flag);
+    CancelWatch::Watch b(watch, [] { return false; }, &other);
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    EXPECT_FALSE(flag.load());
+    gone = true;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!flag.load() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_TRUE(flag.load());
+    EXPECT_FALSE(other.load());
+    watch.CancelAll();
+    EXPECT_TRUE(other.load());
+  }
+  std::atomic<bool> later{false};
+  CancelWatch::Watch c(watch, [] { return false; }, &later);
+  EXPECT_TRUE(later.load());
 }
 
 }  // namespace

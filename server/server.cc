@@ -114,6 +114,9 @@ class ServerImpl final : public Server {
         while (metrics_->inflight() > 0 && std::chrono::steady_clock::now() < deadline) {
           std::this_thread::sleep_for(std::chrono::milliseconds(20));
         }
+        // What still computes stops inside the engine (nothing recorded),
+        // so that Wait below returns within the grace.
+        service_.CancelComputations();
         grpc_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
         grpc_->Wait();
       }

@@ -113,6 +113,10 @@ absl::Status RvdService::Run(grpc::ServerContext* context,
   const absl::Time deadline = Deadline(context);
   // IsCancelled is also true once the deadline has passed.
   auto gone = [context] { return context->IsCancelled(); };
+  // Set when the client goes or the shutdown grace runs out: the engine
+  // call stops and nothing is recorded.
+  std::atomic<bool> cancel{false};
+  CancelWatch::Watch cancel_watch(cancel_watch_, gone, &cancel);
   absl::StatusOr<Measurement> m = absl::InternalError("not computed");
   absl::Status queued = pool_.Run(
       [&] {
@@ -122,7 +126,7 @@ absl::Status RvdService::Run(grpc::ServerContext* context,
           return;
         }
         try {
-          m = ComputeMeasurement(engine_, header, data, limits_.default_variant);
+          m = ComputeMeasurement(engine_, header, data, limits_.default_variant, &cancel);
         } catch (const std::bad_alloc&) {
           m = absl::ResourceExhaustedError(
               "out of memory while computing the measurement");
@@ -139,7 +143,7 @@ absl::Status RvdService::Run(grpc::ServerContext* context,
         "the result was not recorded");
   }
   m->set_receive_ms(response->receive_ms());
-  absl::StatusOr<MeasurementLog::Entry> stored = history_.Add(*m);
+  absl::StatusOr<MeasurementLog::Entry> stored = RecordUnlessCancelled(history_, *m, &cancel);
   if (!stored.ok()) return stored.status();
   m->set_sequence((*stored)->sequence());
   metrics_.RecordMeasurement(**stored);

@@ -14,6 +14,7 @@
 #include "kernels/engine.h"
 #include "rvd/v1/rvd.grpc.pb.h"
 #include "server/buffer_pool.h"
+#include "server/cancel_watch.h"
 #include "server/compute_pool.h"
 #include "server/history.h"
 #include "server/metrics.h"
@@ -40,6 +41,11 @@ class RvdService final
   // Ends every WatchMeasurements stream (UNAVAILABLE, with the cursor to
   // resume from) and refuses new ones; called before shutdown.
   void StopWatches();
+
+  // Cancels every measurement computing or queued, and every later one
+  // (CANCELLED, nothing recorded): the engine calls stop at their next
+  // checkpoint. Called when the shutdown grace runs out.
+  void CancelComputations() { cancel_watch_.CancelAll(); }
 
   // Received tensor bytes held now, all requests together.
   uint64_t buffered_bytes() const { return buffered_.used(); }
@@ -95,6 +101,7 @@ class RvdService final
   BufferPool buffers_;                // receive buffers of streams
   ByteBudget buffered_;               // received bytes held, all requests
   StreamWatchdog watchdog_;           // cancels idle streams
+  CancelWatch cancel_watch_;          // a gone caller's flag stops its engine call
   std::atomic<int64_t> inflight_{0};  // measurements in the compute phase
   std::atomic<bool> stopping_{false};  // set by StopWatches
 };

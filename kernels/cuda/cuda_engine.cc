@@ -12,6 +12,12 @@
 // Matrices whose f32 Gram could over- or underflow (|w| beyond ~1e15 or below
 // ~1e-15), flagged by the finalize kernel, are recomputed with the float64
 // SVD oracle.
+//
+// A call's cancellation flag (CallOptions::cancel) is looked at before the
+// call starts, before each chunk is staged and before each variant launch
+// (Enqueue, and per matrix inside the variants that launch per matrix): a
+// cancelled call drains what its streams have queued, serves nothing and
+// answers CANCELLED.
 #include "kernels/cuda/cuda_engine.h"
 
 #include <cuda_runtime_api.h>
@@ -189,6 +195,7 @@ absl::Status Collect(Context& ctx, absl::Span<const MatrixView> host_batch,
 // views.size()) of the batch.
 absl::Status Enqueue(Context& ctx, Variant& variant, absl::Span<const MatrixView> views,
                      size_t first) {
+  if (variant.Cancelled()) return CallCancelled();
   ctx.pending.first = first;
   ctx.pending.device_views.assign(views.begin(), views.end());
   ctx.pending.count = views.size();
@@ -422,7 +429,7 @@ void CudaEngine::FreeHostBuffer(void* p) {
 
 absl::Status CudaEngine::ComputeShared(absl::Span<const MatrixView> batch, VariantKind kind,
                                        const VariantSpec& variant, absl::Span<double> out,
-                                       bool* used) {
+                                       const CallOptions& call, bool* used) {
   *used = false;
   const SharedRanges r = MergeHostRanges(batch);
   // Worth it when sharing saves a fifth of the bytes and the ranges fit one
@@ -431,7 +438,8 @@ absl::Status CudaEngine::ComputeShared(absl::Span<const MatrixView> batch, Varia
     return absl::OkStatus();
   }
   *used = true;
-  std::unique_ptr<Variant> v = NewVariant(kind, variant, Env());
+  std::unique_ptr<Variant> v = NewVariant(kind, variant, Env(call));
+  if (v->Cancelled()) return CallCancelled();
   Context* ctx = Acquire(true);
   absl::Status status;
   {
@@ -464,7 +472,8 @@ absl::Status CudaEngine::ComputeShared(absl::Span<const MatrixView> batch, Varia
 }
 
 absl::Status CudaEngine::ComputeChunked(absl::Span<const MatrixView> batch, VariantKind kind,
-                                        const VariantSpec& variant, absl::Span<double> out) {
+                                        const VariantSpec& variant, absl::Span<double> out,
+                                        const CallOptions& call) {
   std::vector<uint64_t> sizes(batch.size());
   std::vector<int64_t> lds(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -477,7 +486,7 @@ absl::Status CudaEngine::ComputeChunked(absl::Span<const MatrixView> batch, Vari
   }
   const std::vector<size_t> bounds = ChunkByBytes(sizes, Budget());
   const size_t chunks = bounds.size() - 1;
-  std::unique_ptr<Variant> v = NewVariant(kind, variant, Env());
+  std::unique_ptr<Variant> v = NewVariant(kind, variant, Env(call));
 
   // Two contexts when the batch has two chunks and a second is free.
   std::vector<Context*> ctxs = {Acquire(true)};
@@ -499,6 +508,12 @@ absl::Status CudaEngine::ComputeChunked(absl::Span<const MatrixView> batch, Vari
   });
   bool trimmed = false;
   size_t turn = 0;  // the context of the next chunk: ctxs[turn % ctxs.size()]
+    // Between chunks: a cancelled call stages nothing more (what is queued
+    // is drained by `finish`).
+    if (CancelRequested(call)) {
+      status = CallCancelled();
+      return status;
+    }
   for (size_t ci = 0; ci < chunks;) {
     Context& ctx = *ctxs[turn % ctxs.size()];
     status = Collect(ctx, batch, out);  // syncs: staging is free
@@ -538,7 +553,8 @@ absl::Status CudaEngine::ComputeChunked(absl::Span<const MatrixView> batch, Vari
   return status;
 }
 
-VariantEnv CudaEngine::Env() const {
+VariantEnv CudaEngine::Env(const CallOptions& call) const {
+  env.cancel = call.cancel;
   VariantEnv env;
   env.counters = counters_.get();
   env.device = DeviceInfo{sm_major_, sm_minor_, sms_};
@@ -548,10 +564,11 @@ VariantEnv CudaEngine::Env() const {
 }
 
 absl::Status CudaEngine::ComputePR(absl::Span<const MatrixView> batch,
-                                   const VariantSpec& variant,
-                                   absl::Span<double> out) {
+                                   const VariantSpec& variant, absl::Span<double> out,
+                                   const CallOptions& call) {
   absl::StatusOr<VariantKind> kind = CheckCudaCall(batch, variant, out);
   if (!kind.ok()) return kind.status();
+  if (CancelRequested(call)) return CallCancelled();
   if (absl::Status lost = DeviceLost(); !lost.ok()) return lost;
   if (batch.empty()) return absl::OkStatus();
   const auto start = std::chrono::steady_clock::now();
@@ -562,20 +579,21 @@ absl::Status CudaEngine::ComputePR(absl::Span<const MatrixView> batch,
   });
   RVD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   bool shared = false;
-  absl::Status shared_status = ComputeShared(batch, *kind, variant, out, &shared);
+  absl::Status shared_status = ComputeShared(batch, *kind, variant, out, call, &shared);
   if (shared) return shared_status;
-  return ComputeChunked(batch, *kind, variant, out);
+  return ComputeChunked(batch, *kind, variant, out, call);
 }
 
 absl::Status CudaEngine::ComputePRDevice(absl::Span<const MatrixView> device_batch,
                                          const VariantSpec& variant, absl::Span<double> out,
-                                         void* ready) {
+                                         void* ready, const CallOptions& call) {
   absl::StatusOr<VariantKind> kind = CheckCudaCall(device_batch, variant, out);
   if (!kind.ok()) return kind.status();
+  if (CancelRequested(call)) return CallCancelled();
   if (absl::Status lost = DeviceLost(); !lost.ok()) return lost;
   if (device_batch.empty()) return absl::OkStatus();
   RVD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
-  std::unique_ptr<Variant> v = NewVariant(*kind, variant, Env());
+  std::unique_ptr<Variant> v = NewVariant(*kind, variant, Env(call));
   Context* ctx = Acquire(true);
   absl::Status status;
   {

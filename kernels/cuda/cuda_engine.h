@@ -50,11 +50,15 @@ class CudaEngine : public Engine {
   std::string Version() const override { return version_; }
   std::string DefaultVariant() const override { return "fused"; }
 
+  using Engine::ComputePR;
+  using Engine::ComputePRDevice;
+
   // `batch` holds HOST pointers: copied through pinned staging in chunks,
   // each chunk's copy overlapped with the previous chunk's compute.
+  // call.cancel is looked at before each chunk and each launch.
   absl::Status ComputePR(absl::Span<const MatrixView> batch,
-                         const VariantSpec& variant,
-                         absl::Span<double> out) override;
+                         const VariantSpec& variant, absl::Span<double> out,
+                         const CallOptions& call) override;
 
   // `device_batch` holds DEVICE pointers of this process (the benchmark,
   // tests, and memory mapped from another process). The engine's work waits
@@ -65,7 +69,7 @@ class CudaEngine : public Engine {
   // slower path.
   absl::Status ComputePRDevice(absl::Span<const MatrixView> device_batch,
                                const VariantSpec& variant, absl::Span<double> out,
-                               void* ready) override;
+                               void* ready, const CallOptions& call) override;
 
   // How many matrices each path ("variant/technique") has served, e.g.
   // {"fused/tma-wgmma-square": 480}. Proves which code path ran.
@@ -96,10 +100,11 @@ class CudaEngine : public Engine {
   // `kind` is the variant the call contract parsed.
   absl::Status ComputeShared(absl::Span<const MatrixView> batch, VariantKind kind,
                              const VariantSpec& variant, absl::Span<double> out,
-                             bool* used);
+                             const CallOptions& call, bool* used);
   // The packed, chunked path for host batches.
   absl::Status ComputeChunked(absl::Span<const MatrixView> batch, VariantKind kind,
-                              const VariantSpec& variant, absl::Span<double> out);
+                              const VariantSpec& variant, absl::Span<double> out,
+                              const CallOptions& call);
 
   // Takes a context: waits for one when `wait`, else returns nullptr when
   // none is free.
@@ -112,8 +117,8 @@ class CudaEngine : public Engine {
   bool TrimIdleContexts();
   // Device bytes one context's work buffer or input chunk should stay within.
   uint64_t Budget() const;
-  // What this engine's variants may use.
-  VariantEnv Env() const;
+  // What this engine's variants may use, for a call made with `call`.
+  VariantEnv Env(const CallOptions& call) const;
 
   CudaEngineOptions options_;
   std::string version_;

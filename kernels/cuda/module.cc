@@ -3,6 +3,7 @@
 // of the table this returns, and drives the CUDA engine through it.
 // Everything else in the module is hidden (exports.map).
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -15,6 +16,10 @@
 #include "kernels/cuda/cuda_engine.h"
 #include "kernels/cuda_module.h"
 #include "kernels/engine.h"
+
+// rvd_call::cancel crosses the boundary as the caller's std::atomic<bool>.
+static_assert(sizeof(std::atomic<bool>) == 1 && std::atomic<bool>::is_always_lock_free,
+              "rvd_call::cancel must be a one-byte lock-free flag (C11 atomic_bool)");
 
 struct rvd_cuda_engine {
   std::unique_ptr<rvd::cuda::CudaEngine> engine;
@@ -58,7 +63,8 @@ void Destroy(rvd_cuda_engine* h) { delete h; }
 const char* Version(rvd_cuda_engine* h) { return h->version.c_str(); }
 
 int32_t Compute(rvd_cuda_engine* h, const rvd_matrix* batch, size_t n,
-                const rvd_variant* variant, double* out, void* ready, rvd_status* status) {
+                const rvd_variant* variant, double* out, const rvd_call* call,
+                rvd_status* status) {
   std::vector<rvd::MatrixView> views(n);
   bool device = false;
   for (size_t i = 0; i < n; ++i) {
@@ -82,10 +88,13 @@ int32_t Compute(rvd_cuda_engine* h, const rvd_matrix* batch, size_t n,
     spec.seed = variant->seed;
     spec.hutch_plus_plus = variant->hutch_plus_plus != 0;
   }
+  void* ready = call != nullptr ? call->ready : nullptr;
+  rvd::CallOptions options;
+  if (call != nullptr) options.cancel = static_cast<const std::atomic<bool>*>(call->cancel);
   absl::Span<double> results(out, n);
   const absl::Status s =
-      device ? h->engine->ComputePRDevice(views, spec, results, ready)
-             : h->engine->ComputePR(views, spec, results);
+      device ? h->engine->ComputePRDevice(views, spec, results, ready, options)
+             : h->engine->ComputePR(views, spec, results, options);
   SetStatus(s, status);
   return status->code;
 }

@@ -11,14 +11,16 @@ namespace rvd::cuda {
 
 std::unique_ptr<Variant> NewVariant(VariantKind kind, const VariantSpec& spec, const VariantEnv& env) {
   using namespace variant_internal;
+  std::unique_ptr<Variant> v;
   switch (kind) {
-    case VariantKind::kFused: return NewFused(env);
-    case VariantKind::kAlgebraic: return NewAlgebraic(env);
-    case VariantKind::kNaive: return NewNaive(env);
-    case VariantKind::kPowerIter: return NewEstimator(env, spec, /*sketch=*/false);
-    case VariantKind::kSketch: return NewEstimator(env, spec, /*sketch=*/true);
+    case VariantKind::kFused: v = NewFused(env); break;
+    case VariantKind::kAlgebraic: v = NewAlgebraic(env); break;
+    case VariantKind::kNaive: v = NewNaive(env); break;
+    case VariantKind::kPowerIter: v = NewEstimator(env, spec, /*sketch=*/false); break;
+    case VariantKind::kSketch: v = NewEstimator(env, spec, /*sketch=*/true); break;
   }
-  return nullptr;
+  if (v != nullptr) v->cancel_ = env.cancel;
+  return v;
 }
 
 namespace variant_internal {

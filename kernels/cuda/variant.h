@@ -18,10 +18,14 @@
 // pointers, validated); Enqueue queues the variant on ctx.stream (naive and
 // the estimators also wait on it) and sets ctx.pending.order; once the
 // stream has run what was queued, ctx.down holds ResultsBytes(count): the
-// PRs in slot order, then the statuses (MatrixStatus).
+// PRs in slot order, then the statuses (MatrixStatus). A variant that
+// launches per matrix looks at the call's cancellation flag (Cancelled())
+// before each launch and answers CallCancelled(); the engine looks before
+// each Enqueue.
 #ifndef RVD_KERNELS_CUDA_VARIANT_H_
 #define RVD_KERNELS_CUDA_VARIANT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -47,6 +51,8 @@ struct VariantEnv {
   uint64_t budget = 0;
   // The fused kernels in service (the engine's registry).
   const KernelRegistry* kernels = nullptr;
+  // The call's cancellation flag (CallOptions::cancel), or nullptr.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 class Variant {
@@ -57,12 +63,16 @@ class Variant {
   // Matrices this call's chunks were served by, per counted path
   // ("variant/technique"), once each.
   const std::map<std::string, int64_t>& served() const { return served_; }
+  // Whether the call's caller asked it to stop (VariantEnv::cancel).
+  bool Cancelled() const { return CancelRequested(CallOptions{cancel_}); }
 
  protected:
   void Serve(const std::string& path, int64_t matrices) { served_[path] += matrices; }
 
  private:
+  friend std::unique_ptr<Variant> NewVariant(VariantKind, const VariantSpec&, const VariantEnv&);
   std::map<std::string, int64_t> served_;
+  const std::atomic<bool>* cancel_ = nullptr;  // set by NewVariant
 };
 
 std::unique_ptr<Variant> NewVariant(VariantKind kind, const VariantSpec& spec, const VariantEnv& env);

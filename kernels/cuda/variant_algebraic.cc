@@ -151,6 +151,7 @@ class AlgebraicVariant : public Variant {
     }
     const float one = 1.0f, zero = 0.0f;
     for (size_t ci = 0; ci < calls.size(); ++ci) {
+      if (Cancelled()) return CallCancelled();
       const Call& call = calls[ci];
       const Plan& p = plans[call.plan];
       const ShapeGroup& g = groups[call.group];

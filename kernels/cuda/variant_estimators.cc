@@ -101,6 +101,7 @@ class EstimatorVariant : public Variant {
     std::vector<double> offset(views.size(), 0.0), scale(views.size(), 0.0);
     for (size_t i = 0; i < views.size(); ++i) {
       if (trace[i] == 0) continue;
+      if (Cancelled()) return CallCancelled();
       const MatrixView& v = views[i];
       const bool tall = v.rows > v.cols;
       const int64_t n = std::min(v.rows, v.cols), len = std::max(v.rows, v.cols);

@@ -65,6 +65,7 @@ class NaiveVariant : public Variant {
     std::vector<double> results(views.size(), 0.0);
     for (size_t i = 0; i < views.size(); ++i) {
       if (trace[i] == 0) continue;  // all zero: PR 0
+      if (Cancelled()) return CallCancelled();
       const MatrixView& v = views[i];
       const int mr = static_cast<int>(std::max(v.rows, v.cols));
       const int nc = static_cast<int>(std::min(v.rows, v.cols));
