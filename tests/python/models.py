@@ -67,15 +67,16 @@ class LlamaForCausalLM(nn.Module):
     """model.layers.{l}.self_attn.v_proj: [K*d, D] (GQA: K < H)."""
 
     def __init__(self, layers=6, heads=4, kv_heads=2, hidden=64, seed=0,
-                 dtype=torch.float32, model_type="llama"):
+                 dtype=torch.float32, model_type="llama", spectrum=True):
         super().__init__()
         self.config = config(model_type=model_type, num_hidden_layers=layers,
                              num_attention_heads=heads,
                              num_key_value_heads=kv_heads, hidden_size=hidden)
         self.model = LlamaModel(self.config)
         gen = torch.Generator().manual_seed(seed)
-        for l, layer in enumerate(self.model.layers):
-            spectrum_(layer.self_attn.v_proj.weight, gen, 0.2 + 0.15 * l)
+        if spectrum:  # else nn.Linear's own init (large models: QR is slow)
+            for l, layer in enumerate(self.model.layers):
+                spectrum_(layer.self_attn.v_proj.weight, gen, 0.2 + 0.15 * l)
         self.to(dtype)
 
     def forward(self, x):
