@@ -508,13 +508,13 @@ absl::Status CudaEngine::ComputeChunked(absl::Span<const MatrixView> batch, Vari
   });
   bool trimmed = false;
   size_t turn = 0;  // the context of the next chunk: ctxs[turn % ctxs.size()]
+  for (size_t ci = 0; ci < chunks;) {
     // Between chunks: a cancelled call stages nothing more (what is queued
     // is drained by `finish`).
     if (CancelRequested(call)) {
       status = CallCancelled();
       return status;
     }
-  for (size_t ci = 0; ci < chunks;) {
     Context& ctx = *ctxs[turn % ctxs.size()];
     status = Collect(ctx, batch, out);  // syncs: staging is free
     if (!status.ok()) return status;
@@ -554,8 +554,8 @@ absl::Status CudaEngine::ComputeChunked(absl::Span<const MatrixView> batch, Vari
 }
 
 VariantEnv CudaEngine::Env(const CallOptions& call) const {
-  env.cancel = call.cancel;
   VariantEnv env;
+  env.cancel = call.cancel;
   env.counters = counters_.get();
   env.device = DeviceInfo{sm_major_, sm_minor_, sms_};
   env.budget = Budget();
@@ -568,8 +568,8 @@ absl::Status CudaEngine::ComputePR(absl::Span<const MatrixView> batch,
                                    const CallOptions& call) {
   absl::StatusOr<VariantKind> kind = CheckCudaCall(batch, variant, out);
   if (!kind.ok()) return kind.status();
-  if (CancelRequested(call)) return CallCancelled();
   if (absl::Status lost = DeviceLost(); !lost.ok()) return lost;
+  if (CancelRequested(call)) return CallCancelled();
   if (batch.empty()) return absl::OkStatus();
   const auto start = std::chrono::steady_clock::now();
   auto timed = absl::MakeCleanup([&] {
@@ -589,8 +589,8 @@ absl::Status CudaEngine::ComputePRDevice(absl::Span<const MatrixView> device_bat
                                          void* ready, const CallOptions& call) {
   absl::StatusOr<VariantKind> kind = CheckCudaCall(device_batch, variant, out);
   if (!kind.ok()) return kind.status();
-  if (CancelRequested(call)) return CallCancelled();
   if (absl::Status lost = DeviceLost(); !lost.ok()) return lost;
+  if (CancelRequested(call)) return CallCancelled();
   if (device_batch.empty()) return absl::OkStatus();
   RVD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   std::unique_ptr<Variant> v = NewVariant(*kind, variant, Env(call));
