@@ -267,13 +267,16 @@ class RVMonitor:
             if self._pending_registration and time.monotonic() >= self._paused_until:
                 self._measure("registration")
             return self.rv
+        due = n % self.measurement_interval == 0
+        if not due and not (self.adaptive and self._last_keys is not None):
+            return self.rv  # nothing can trigger: not even the weights are looked at
         changed = self._changed()
         if not changed:
             return self.rv
         trigger, delta = None, None
-        if n % self.measurement_interval == 0:
+        if due:
             trigger = "interval"
-        elif self.adaptive and self._last_keys is not None:
+        else:
             delta = self._delta(changed)
             if delta > self.delta_threshold:
                 trigger = "delta"
