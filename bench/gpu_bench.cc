@@ -315,9 +315,8 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
     BENCH_CHECK(cudaMemcpy(f->maps, maps.data(), maps.size(), cudaMemcpyHostToDevice));
   }
   if (!forced) {
-    const int sms = g_max_sms > 0 ? std::min(g_max_sms, prop.multiProcessorCount)
-                                  : prop.multiProcessorCount;
-    const DeviceInfo info{prop.major, prop.minor, sms};
+    const DeviceInfo info =
+        PlanningDevice(prop.major, prop.minor, prop.multiProcessorCount, g_max_sms);
     if (absl::Status st = PlanFusedCall(views, info, &f->call); !st.ok()) {
       std::fprintf(stderr, "PlanFusedCall: %s\n", std::string(st.message()).c_str());
       return 1;

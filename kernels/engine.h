@@ -166,9 +166,12 @@ struct CudaEngineOptions {
   int device = 0;                        // CUDA device ordinal
   int streams = 4;                       // stream pool size (low priority)
   uint64_t max_device_bytes = 4ull << 30;  // cap on device memory rvd holds
-  // Most SMs rvd's persistent kernels (fused v4) occupy, so that a trainer
-  // on the same GPU keeps the rest; 0: every SM. Other kernels launch a
-  // block per job and share the GPU through its block scheduler.
+  // Most SMs the fused variant's kernels occupy, so that a trainer on the
+  // same GPU keeps the rest; 0: every SM. Every fused launch (v4's
+  // persistent grid, v1/v3 and the finalize taking their jobs round-robin)
+  // has at most max_sms blocks (fused_plan.h, ProductGrid). The vendor
+  // libraries' kernels (cuBLAS, cuSOLVER: algebraic, naive, estimators) are
+  // not capped.
   int max_sms = 0;
 };
 

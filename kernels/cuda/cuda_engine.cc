@@ -304,8 +304,7 @@ absl::Status CudaEngine::Init() {
   RVD_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options_.device));
   sm_major_ = prop.major;
   sm_minor_ = prop.minor;
-  sms_ = options_.max_sms > 0 ? std::min(options_.max_sms, prop.multiProcessorCount)
-                              : prop.multiProcessorCount;
+  device_sms_ = prop.multiProcessorCount;
   if (sm_major_ < 8) {
     return absl::UnavailableError(absl::StrCat(
         "CUDA device ", prop.name, " is sm_", sm_major_, sm_minor_,
@@ -557,7 +556,7 @@ VariantEnv CudaEngine::Env(const CallOptions& call) const {
   VariantEnv env;
   env.cancel = call.cancel;
   env.counters = counters_.get();
-  env.device = DeviceInfo{sm_major_, sm_minor_, sms_};
+  env.device = PlanningDevice(sm_major_, sm_minor_, device_sms_, options_.max_sms);
   env.budget = Budget();
   env.kernels = kernels_.get();
   return env;

@@ -123,7 +123,7 @@ class CudaEngine : public Engine {
   CudaEngineOptions options_;
   std::string version_;
   int sm_major_ = 0, sm_minor_ = 0;
-  int sms_ = 0;  // multiprocessors rvd's persistent kernels may use (options_.max_sms)
+  int device_sms_ = 0;  // the device's multiprocessors (capped by options_.max_sms)
   std::unique_ptr<KernelRegistry> kernels_;  // created in Init (needs the device)
   std::unique_ptr<MemoryCap> cap_;
   std::unique_ptr<EngineCounters> counters_;

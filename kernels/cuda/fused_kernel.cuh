@@ -345,28 +345,34 @@ __device__ __forceinline__ void FusedBody(const MatrixDesc& m,
       maxabs_out);
 }
 
+// Block b runs jobs b, b + gridDim.x, ... (the grid is the job count, or
+// fewer blocks under the SM cap: fused_plan.h, ProductGrid); job j's sums
+// go to slot j, so the grid changes no result.
 template <typename T, bool kMutant>
 __global__ void __launch_bounds__(kThreads, 1)
     FusedKernel(const MatrixDesc* __restrict__ mats,
-                const FusedJob* __restrict__ jobs, int operands, double* g2,
-                double* trace, float* maxabs) {
+                const FusedJob* __restrict__ jobs, int num_jobs, int operands,
+                double* g2, double* trace, float* maxabs) {
   extern __shared__ __align__(128) unsigned char smem[];
-  const FusedJob job = jobs[blockIdx.x];
-  const MatrixDesc m = mats[job.matrix];
-  if (m.tall) {
-    FusedBody<T, true, kMutant>(m, job, operands, smem, g2 + blockIdx.x,
-                                trace + blockIdx.x, maxabs + blockIdx.x);
-  } else {
-    FusedBody<T, false, kMutant>(m, job, operands, smem, g2 + blockIdx.x,
-                                 trace + blockIdx.x, maxabs + blockIdx.x);
+  for (int j = blockIdx.x; j < num_jobs; j += gridDim.x) {
+    const FusedJob job = jobs[j];
+    const MatrixDesc m = mats[job.matrix];
+    if (m.tall) {
+      FusedBody<T, true, kMutant>(m, job, operands, smem, g2 + j, trace + j, maxabs + j);
+    } else {
+      FusedBody<T, false, kMutant>(m, job, operands, smem, g2 + j, trace + j, maxabs + j);
+    }
+    __syncthreads();  // the next job's loads reuse the stages and the block sums
   }
 }
 
+// `grid`: blocks of the launch, 1 .. num_jobs (0: num_jobs).
 template <typename T, bool kMutant>
 cudaError_t LaunchFusedT(const MatrixDesc* mats, const FusedJob* jobs,
                          int num_jobs, bool any_offdiagonal, double* g2,
-                         double* trace, float* maxabs, cudaStream_t stream) {
+                         double* trace, float* maxabs, int grid, cudaStream_t stream) {
   if (num_jobs <= 0) return cudaSuccess;
+  if (grid <= 0 || grid > num_jobs) grid = num_jobs;
   const int operands = any_offdiagonal ? 2 : 1;
   const int smem = kStages * operands * kOperandBytes;
   // Above 48 KB needs the opt-in; cheap, and per device, so set every time.
@@ -374,8 +380,8 @@ cudaError_t LaunchFusedT(const MatrixDesc* mats, const FusedJob* jobs,
       FusedKernel<T, kMutant>, cudaFuncAttributeMaxDynamicSharedMemorySize,
       kStages * 2 * kOperandBytes);
   if (e != cudaSuccess) return e;
-  FusedKernel<T, kMutant><<<num_jobs, kThreads, smem, stream>>>(
-      mats, jobs, operands, g2, trace, maxabs);
+  FusedKernel<T, kMutant><<<grid, kThreads, smem, stream>>>(
+      mats, jobs, num_jobs, operands, g2, trace, maxabs);
   return cudaGetLastError();
 }
 
@@ -383,20 +389,18 @@ template <bool kMutant>
 cudaError_t LaunchFusedDispatch(DType dtype, const MatrixDesc* mats,
                                 const FusedJob* jobs, int num_jobs,
                                 bool any_offdiagonal, double* g2,
-                                double* trace, float* maxabs,
+                                double* trace, float* maxabs, int grid,
                                 cudaStream_t stream) {
   switch (dtype) {
     case DType::kF32:
-      return LaunchFusedT<float, kMutant>(mats, jobs, num_jobs,
-                                          any_offdiagonal, g2, trace, maxabs,
-                                          stream);
+      return LaunchFusedT<float, kMutant>(mats, jobs, num_jobs, any_offdiagonal, g2, trace,
+                                          maxabs, grid, stream);
     case DType::kF16:
-      return LaunchFusedT<__half, kMutant>(mats, jobs, num_jobs,
-                                           any_offdiagonal, g2, trace, maxabs,
-                                           stream);
+      return LaunchFusedT<__half, kMutant>(mats, jobs, num_jobs, any_offdiagonal, g2, trace,
+                                           maxabs, grid, stream);
     case DType::kBF16:
-      return LaunchFusedT<__nv_bfloat16, kMutant>(
-          mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, stream);
+      return LaunchFusedT<__nv_bfloat16, kMutant>(mats, jobs, num_jobs, any_offdiagonal, g2,
+                                                   trace, maxabs, grid, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -18,20 +18,20 @@ namespace {
 cudaError_t LaunchFusedMutant(DType dtype, const MatrixDesc* mats,
                               const FusedJob* jobs, int num_jobs,
                               bool any_offdiagonal, double* g2, double* trace,
-                              float* maxabs, cudaStream_t stream) {
+                              float* maxabs, cudaStream_t stream, int grid) {
   if (dtype != DType::kBF16) return cudaErrorNotSupported;  // one instance
   return fused::LaunchFusedT<__nv_bfloat16, true>(
-      mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, stream);
+      mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, grid, stream);
 }
 
 cudaError_t LaunchFusedV2Mutant(DType dtype, const MatrixDesc* mats,
                                 const FusedJobV2* jobs, int num_jobs,
                                 bool any_offdiagonal, double* g2,
                                 double* trace, float* maxabs,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, int grid) {
   if (dtype != DType::kBF16) return cudaErrorNotSupported;  // one instance
   return fused_v2::LaunchFusedV2T<__nv_bfloat16, true>(
-      mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, stream);
+      mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, grid, stream);
 }
 
 cudaError_t LaunchFusedV4Mutant(DType dtype, const FusedV4Launch& launch, cudaStream_t stream) {

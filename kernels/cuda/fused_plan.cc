@@ -10,8 +10,21 @@
 
 namespace rvd::cuda {
 
+DeviceInfo PlanningDevice(int sm_major, int sm_minor, int device_sms, int max_sms) {
+  DeviceInfo d;
+  d.sm_major = sm_major;
+  d.sm_minor = sm_minor;
+  d.capped = max_sms > 0 && max_sms < device_sms;
+  d.sms = d.capped ? max_sms : device_sms;
+  return d;
+}
+
+int ProductGrid(int blocks, const DeviceInfo& device) {
+  return device.capped ? std::min(blocks, std::max(device.sms, 1)) : blocks;
+}
+
 absl::Status PlanFusedCall(absl::Span<const MatrixView> views, const DeviceInfo& device,
-                           FusedCall* out) {
+                           FusedCall* out, TensorMapEncoder encode) {
   FusedCall call;
   const size_t m = views.size();
   std::vector<MatrixDesc> by_index(m);
@@ -80,6 +93,9 @@ absl::Status PlanFusedCall(absl::Span<const MatrixView> views, const DeviceInfo&
     if (IsFusedV4(l.kernel)) {
       l.plan = PlanFusedV4(l.jobs, device.sms, min_slices, FusedV4TailPieces(l.kernel, l.dtype));
       partial_bytes = std::max(partial_bytes, FusedV4PartialBytes(l.plan));
+      l.grid = l.plan.grid;
+    } else {
+      l.grid = ProductGrid(l.jobs, device);
     }
     call.launches.push_back(l);
     s0 = s1;
@@ -88,6 +104,7 @@ absl::Status PlanFusedCall(absl::Span<const MatrixView> views, const DeviceInfo&
   for (size_t s = 0; s < m; ++s) {
     call.finished &= FusedV4FinishesMatrix(kernel[order[s]], descs[s].n);
   }
+  call.finalize_grid = ProductGrid(FinalizeBlocks(static_cast<int>(m)), device);
   call.needs_tickets = partial_bytes > 0;
   const size_t nj = jobs.size() + jobs2.size();
   Layout up;
@@ -118,7 +135,7 @@ absl::Status PlanFusedCall(absl::Span<const MatrixView> views, const DeviceInfo&
     if (!IsFusedV4(kernel[order[s]])) continue;
     // The driver writes a tensor map only to 64-byte aligned memory.
     alignas(64) unsigned char map[kTensorMapBytes];
-    RVD_CUDA_RETURN_IF_ERROR(EncodeFusedV4Map(views[order[s]].dtype, descs[s], map));
+    RVD_CUDA_RETURN_IF_ERROR(encode(views[order[s]].dtype, descs[s], map));
     std::memcpy(At<unsigned char>(blob, call.o_maps) + s * kTensorMapBytes, map,
                 kTensorMapBytes);
   }
@@ -142,11 +159,11 @@ cudaError_t LaunchFusedCall(const FusedCall& call, const KernelTable& table, con
     switch (l.kernel) {
       case FusedKernel::kV1Tall:
         e = launchers.v1(l.dtype, d_desc, d_jobs + l.list0, l.jobs, l.offdiag, g2, tr, mx,
-                         stream);
+                         stream, l.grid);
         break;
       case FusedKernel::kV3:
         e = launchers.v2(l.dtype, d_desc, d_jobs2 + l.list0, l.jobs, l.offdiag, g2, tr, mx,
-                         stream);
+                         stream, l.grid);
         break;
       case FusedKernel::kV4:
       case FusedKernel::kV4Triangle: {
@@ -172,7 +189,7 @@ cudaError_t LaunchFusedCall(const FusedCall& call, const KernelTable& table, con
   return LaunchFinalize(d_desc, At<int32_t>(d, call.o_jb), static_cast<int>(call.views.size()),
                         At<double>(w, call.o_g2), At<double>(w, call.o_tr),
                         At<float>(w, call.o_mx), At<double>(w, call.o_pr),
-                        At<int32_t>(w, call.o_st), stream);
+                        At<int32_t>(w, call.o_st), stream, call.finalize_grid);
 }
 
 }  // namespace rvd::cuda

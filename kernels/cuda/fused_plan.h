@@ -29,8 +29,21 @@ namespace rvd::cuda {
 // What planning needs of the device.
 struct DeviceInfo {
   int sm_major = 0, sm_minor = 0;
-  int sms = 0;  // multiprocessors rvd's persistent kernels may occupy (the SM cap)
+  int sms = 0;          // multiprocessors rvd's kernels may occupy: the device's, or the cap
+  bool capped = false;  // sms is a cap below the device's count (CudaEngineOptions::max_sms)
 };
+
+// The device as the engine and the benchmark plan for it: `device_sms`
+// multiprocessors, capped at `max_sms` (0: no cap).
+DeviceInfo PlanningDevice(int sm_major, int sm_minor, int device_sms, int max_sms);
+
+// The grid of a fused call's launch that needs `blocks` blocks (a block per
+// job, or per 4 matrices for the finalize): all of them, or under the SM
+// cap at most `device.sms`, the kernels taking their jobs round-robin. The
+// hardware spreads a grid's blocks over every SM it can, so the grid's
+// size, not the blocks one SM could hold, bounds the SMs a launch occupies.
+// (Fused v4's persistent grid, FusedV4Plan, is min(jobs, sms) either way.)
+int ProductGrid(int blocks, const DeviceInfo& device);
 
 // A planned fused call.
 struct FusedCall {
@@ -44,10 +57,12 @@ struct FusedCall {
     int j0 = 0, jobs = 0;  // the launch's first job (g2, trace, maxabs) and count
     int list0 = 0;         // its first job in the v1 or v2 job list
     bool offdiag = false;
+    int grid = 0;          // blocks: ProductGrid(jobs) for v1 and v3, plan.grid for v4
     FusedV4Plan plan;
   };
   std::vector<Launch> launches;
   bool finished = true;      // fused v4 writes every PR itself: no finalize
+  int finalize_grid = 0;     // the finalize's blocks (ProductGrid)
   bool needs_tickets = false;  // a cut v4 plan: tickets and partial Grams
   // The descriptors blob (upload it to `descriptors` memory) and its parts.
   std::vector<unsigned char> upload;
@@ -62,8 +77,11 @@ struct FusedCall {
 // kernel (v4, v4 triangle, v3 wide, v1 tall), stably, so that each launch's
 // jobs are contiguous; job indices (g2, trace, maxabs) run over all launches
 // in slot order, so the finalize sums each matrix's jobs in order.
+// `encode` writes v4's tensor maps (a stand-in where no driver is: the
+// planning tests).
+using TensorMapEncoder = cudaError_t (*)(DType, const MatrixDesc&, void*);
 absl::Status PlanFusedCall(absl::Span<const MatrixView> views, const DeviceInfo& device,
-                           FusedCall* call);
+                           FusedCall* call, TensorMapEncoder encode = &EncodeFusedV4Map);
 
 // Tests only (fused_mutant.cu, linked into the GPU test binary alone): the
 // deliberately wrong fused kernels that prove the checks can fail.

@@ -557,17 +557,19 @@ enum ProbeFlags : int {
 // kChain: 0 = v2 (a fresh accumulator per MMA, per-slot branches in
 // diagonal-only launches, SliceMma otherwise); >= 1 = v3 (kChain k-steps per
 // fresh accumulator, RoleSliceMma for jobs inside the matrix).
-template <typename T, bool kMutant, int kStages, int kChain, bool kProbe = false>
-__global__ void __launch_bounds__(kThreads, 2)
-    FusedV2Kernel(const MatrixDesc* __restrict__ mats,
-                  const FusedJobV2* __restrict__ jobs, int stage_bytes,
-                  double* __restrict__ g2, double* __restrict__ trace,
-                  float* __restrict__ maxabs, int probe, int splits) {
+// One unit of a launch: job `unit` (the probe: part unit % splits of job
+// unit / splits), its sums to slot `unit`.
+template <typename T, bool kMutant, int kStages, int kChain, bool kProbe>
+__device__ __forceinline__ void FusedV2Unit(const MatrixDesc* __restrict__ mats,
+                                            const FusedJobV2* __restrict__ jobs, int unit,
+                                            int stage_bytes, double* __restrict__ g2,
+                                            double* __restrict__ trace,
+                                            float* __restrict__ maxabs, int probe,
+                                            int splits) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr bool kTf32 = std::is_same_v<T, float>;
   constexpr int kBK = kSliceBytes / static_cast<int>(sizeof(T));
-  const int job_index = kProbe ? static_cast<int>(blockIdx.x) / splits
-                               : static_cast<int>(blockIdx.x);
+  const int job_index = kProbe ? unit / splits : unit;
   const FusedJobV2 job = jobs[job_index];
   const MatrixDesc m = mats[job.matrix];
   const bool diag = job.diagonal != 0;
@@ -666,7 +668,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   int nks = (m.k + kBK - 1) / kBK;
   int first = 0, rot = 0;
   if constexpr (kProbe) {
-    const int split = static_cast<int>(blockIdx.x) % splits;
+    const int split = unit % splits;
     first = split * nks / splits;
     nks = (split + 1) * nks / splits - first;
     if ((probe & kProbeRotate) && nks > 0) rot = (job_index * 5 + split) % nks;
@@ -850,15 +852,33 @@ __global__ void __launch_bounds__(kThreads, 2)
   // step leaves it as it is.)
   WriteBlockSums<kWarps>(
       sacc, tsum, tmax, [](float a, float b) { return MaxKeepNaN(a, b); },  // never NaN here
-      g2 + blockIdx.x, trace + blockIdx.x, maxabs + blockIdx.x);
+      g2 + unit, trace + unit, maxabs + unit);
+}
+
+// Block b runs units b, b + gridDim.x, ... of `units` (the grid is the unit
+// count, or fewer blocks under the SM cap: fused_plan.h, ProductGrid); each
+// unit's sums go to its own slot, so the grid changes no result.
+template <typename T, bool kMutant, int kStages, int kChain, bool kProbe = false>
+__global__ void __launch_bounds__(kThreads, 2)
+    FusedV2Kernel(const MatrixDesc* __restrict__ mats,
+                  const FusedJobV2* __restrict__ jobs, int units, int stage_bytes,
+                  double* __restrict__ g2, double* __restrict__ trace,
+                  float* __restrict__ maxabs, int probe, int splits) {
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    FusedV2Unit<T, kMutant, kStages, kChain, kProbe>(mats, jobs, u, stage_bytes, g2, trace,
+                                                     maxabs, probe, splits);
+    __syncthreads();  // the next unit's loads reuse the stages and the block sums
+  }
 }
 
 // kChain: the live policy's for T (0: v2's code).
+// `grid`: blocks of the launch, 1 .. num_jobs (0: num_jobs).
 template <typename T, bool kMutant, int kChain = LiveChain<T>()>
 cudaError_t LaunchFusedV2T(const MatrixDesc* mats, const FusedJobV2* jobs,
                            int num_jobs, bool any_offdiagonal, double* g2,
-                           double* trace, float* maxabs, cudaStream_t stream) {
+                           double* trace, float* maxabs, int grid, cudaStream_t stream) {
   if (num_jobs <= 0) return cudaSuccess;
+  if (grid <= 0 || grid > num_jobs) grid = num_jobs;
   const int stage_bytes = any_offdiagonal ? kABytes + kBBytes : kABytes;
   const int smem = (any_offdiagonal ? kStagesMixed : kStagesDiag) * stage_bytes;
   auto* kernel = any_offdiagonal
@@ -872,8 +892,8 @@ cudaError_t LaunchFusedV2T(const MatrixDesc* mats, const FusedJobV2* jobs,
   e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                            cudaSharedmemCarveoutMaxShared);
   if (e != cudaSuccess) return e;
-  kernel<<<num_jobs, kThreads, smem, stream>>>(mats, jobs, stage_bytes, g2,
-                                               trace, maxabs, 0, 1);
+  kernel<<<grid, kThreads, smem, stream>>>(mats, jobs, num_jobs, stage_bytes, g2, trace,
+                                           maxabs, 0, 1);
   return cudaGetLastError();
 }
 
@@ -899,7 +919,7 @@ inline cudaError_t LaunchFusedV2ProbeBf16(const MatrixDesc* mats,
                            cudaSharedmemCarveoutMaxShared);
   if (e != cudaSuccess) return e;
   kernel<<<num_jobs * splits, kThreads, smem, stream>>>(
-      mats, jobs, stage_bytes, g2, trace, maxabs, probe, splits);
+      mats, jobs, num_jobs * splits, stage_bytes, g2, trace, maxabs, probe, splits);
   return cudaGetLastError();
 }
 
@@ -907,18 +927,18 @@ template <bool kMutant>
 cudaError_t LaunchFusedV2Dispatch(DType dtype, const MatrixDesc* mats,
                                   const FusedJobV2* jobs, int num_jobs,
                                   bool any_offdiagonal, double* g2,
-                                  double* trace, float* maxabs,
+                                  double* trace, float* maxabs, int grid,
                                   cudaStream_t stream) {
   switch (dtype) {
     case DType::kF32:
       return LaunchFusedV2T<float, kMutant>(mats, jobs, num_jobs, any_offdiagonal, g2, trace,
-                                            maxabs, stream);
+                                            maxabs, grid, stream);
     case DType::kF16:
       return LaunchFusedV2T<__half, kMutant>(mats, jobs, num_jobs, any_offdiagonal, g2, trace,
-                                             maxabs, stream);
+                                             maxabs, grid, stream);
     case DType::kBF16:
       return LaunchFusedV2T<__nv_bfloat16, kMutant>(mats, jobs, num_jobs, any_offdiagonal, g2,
-                                                    trace, maxabs, stream);
+                                                    trace, maxabs, grid, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -36,19 +36,17 @@ MatrixDesc MakeDesc(const MatrixView& v) {
 cudaError_t LaunchFused(DType dtype, const MatrixDesc* mats,
                         const FusedJob* jobs, int num_jobs,
                         bool any_offdiagonal, double* g2, double* trace,
-                        float* maxabs, cudaStream_t stream) {
-  return fused::LaunchFusedDispatch<false>(dtype, mats, jobs, num_jobs,
-                                           any_offdiagonal, g2, trace, maxabs,
-                                           stream);
+                        float* maxabs, cudaStream_t stream, int grid) {
+  return fused::LaunchFusedDispatch<false>(dtype, mats, jobs, num_jobs, any_offdiagonal, g2,
+                                           trace, maxabs, grid, stream);
 }
 
 cudaError_t LaunchFusedV2(DType dtype, const MatrixDesc* mats,
                           const FusedJobV2* jobs, int num_jobs,
                           bool any_offdiagonal, double* g2, double* trace,
-                          float* maxabs, cudaStream_t stream) {
-  return fused_v2::LaunchFusedV2Dispatch<false>(dtype, mats, jobs, num_jobs,
-                                                any_offdiagonal, g2, trace,
-                                                maxabs, stream);
+                          float* maxabs, cudaStream_t stream, int grid) {
+  return fused_v2::LaunchFusedV2Dispatch<false>(dtype, mats, jobs, num_jobs, any_offdiagonal,
+                                                g2, trace, maxabs, grid, stream);
 }
 
 namespace {
@@ -99,28 +97,31 @@ __device__ float BlockMax(float v) {
 
 // One warp per matrix: lane l sums jobs l, l + 32, ... of the matrix, then
 // a fixed xor tree (the same bits on every run). (One thread per matrix
-// waited for each job's loads in turn.)
+// waited for each job's loads in turn.) Warp w takes matrices w, w + warps
+// of the grid, ... (fewer blocks than matrices / 4 under the SM cap).
 __global__ void FinalizeKernel(const MatrixDesc* mats, const int32_t* job_begin,
                                int num_matrices, const double* g2,
                                const double* trace, const float* maxabs,
                                double* pr, int32_t* status) {
-  const int m = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
-  if (m >= num_matrices) return;  // whole warps
-  double g = 0.0, t = 0.0;
-  float mx = 0.0f;
-  for (int j = job_begin[m] + lane; j < job_begin[m + 1]; j += 32) {
-    g += g2[j];
-    t += trace[j];
-    mx = fmaxf(mx, maxabs[j]);
-  }
+  const int warps = gridDim.x * blockDim.x / 32;
+  // Whole warps: m is warp-uniform.
+  for (int m = (blockIdx.x * blockDim.x + threadIdx.x) / 32; m < num_matrices; m += warps) {
+    double g = 0.0, t = 0.0;
+    float mx = 0.0f;
+    for (int j = job_begin[m] + lane; j < job_begin[m + 1]; j += 32) {
+      g += g2[j];
+      t += trace[j];
+      mx = fmaxf(mx, maxabs[j]);
+    }
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    g += __shfl_xor_sync(0xffffffffu, g, o);
-    t += __shfl_xor_sync(0xffffffffu, t, o);
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    for (int o = 16; o > 0; o >>= 1) {
+      g += __shfl_xor_sync(0xffffffffu, g, o);
+      t += __shfl_xor_sync(0xffffffffu, t, o);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    }
+    if (lane == 0) FinalizeMatrix(mats[m], g, t, mx, pr + m, status + m);
   }
-  if (lane == 0) FinalizeMatrix(mats[m], g, t, mx, pr + m, status + m);
 }
 
 __global__ void StatsKernel(DType dtype, const MatrixDesc* mats, double* trace,
@@ -207,12 +208,12 @@ int GridFor(int64_t total) {
 cudaError_t LaunchFinalize(const MatrixDesc* mats, const int32_t* job_begin,
                            int num_matrices, const double* g2,
                            const double* trace, const float* maxabs,
-                           double* pr, int32_t* status, cudaStream_t stream) {
+                           double* pr, int32_t* status, cudaStream_t stream, int grid) {
   if (num_matrices <= 0) return cudaSuccess;
-  const int threads = 128;  // 4 matrices per block
-  FinalizeKernel<<<(num_matrices * 32 + threads - 1) / threads, threads, 0,
-                   stream>>>(mats, job_begin, num_matrices, g2, trace, maxabs,
-                             pr, status);
+  const int blocks = FinalizeBlocks(num_matrices);
+  if (grid <= 0 || grid > blocks) grid = blocks;
+  FinalizeKernel<<<grid, kFinalizeThreads, 0, stream>>>(mats, job_begin, num_matrices, g2,
+                                                       trace, maxabs, pr, status);
   return cudaGetLastError();
 }
 

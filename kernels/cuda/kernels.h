@@ -34,22 +34,23 @@ enum MatrixStatus : int32_t {
   kStatusUntrusted = 2,  // magnitudes where f32 Gram entries over/underflow
 };
 
-// The fused kernel: one block per job; writes per job the weighted sum of
+// The fused kernel v1 (fused_kernel.cuh): a block per job, or `grid`
+// blocks (1 .. num_jobs; 0: num_jobs) taking the jobs round-robin (the SM
+// cap: fused_plan.h, ProductGrid); writes per job the weighted sum of
 // squares of its Gram tile (g2), ||rows||^2 for diagonal jobs (trace, 0
 // otherwise) and the largest |w| seen (maxabs). All jobs of one launch have
-// matrices of `dtype`. `mutant` selects a deliberately wrong instantiation
-// (tests only; returns an error unless fused_mutant.cu is linked).
+// matrices of `dtype`. The grid changes no result.
 cudaError_t LaunchFused(DType dtype, const MatrixDesc* mats,
                         const FusedJob* jobs, int num_jobs,
                         bool any_offdiagonal, double* g2, double* trace,
-                        float* maxabs, cudaStream_t stream);
+                        float* maxabs, cudaStream_t stream, int grid = 0);
 
 // The fused kernel v2 (wide matrices, rows <= cols; fused_v2_kernel.cuh):
-// one block per FusedJobV2, outputs per job as LaunchFused.
+// FusedJobV2s on `grid` blocks as LaunchFused, outputs per job as LaunchFused.
 cudaError_t LaunchFusedV2(DType dtype, const MatrixDesc* mats,
                           const FusedJobV2* jobs, int num_jobs,
                           bool any_offdiagonal, double* g2, double* trace,
-                          float* maxabs, cudaStream_t stream);
+                          float* maxabs, cudaStream_t stream, int grid = 0);
 
 // Benchmark hook (rvd_bench_gpu --probe; bench/dev/fused_probes.cu, linked
 // into the bench only): bf16 v2 with probe flags (1: no
@@ -124,18 +125,26 @@ cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const FusedV4La
 // The launchers' signatures (fused_plan.h's FusedLaunchers).
 using FusedLauncher = cudaError_t (*)(DType, const MatrixDesc*,
                                       const FusedJob*, int, bool, double*,
-                                      double*, float*, cudaStream_t);
+                                      double*, float*, cudaStream_t, int);
 using FusedV2Launcher = cudaError_t (*)(DType, const MatrixDesc*,
                                         const FusedJobV2*, int, bool, double*,
-                                        double*, float*, cudaStream_t);
+                                        double*, float*, cudaStream_t, int);
 using FusedV4Launcher = cudaError_t (*)(DType, const FusedV4Launch&, cudaStream_t);
 
 // Per matrix m: sums its jobs [job_begin[m], job_begin[m+1]) in job order,
-// in float64, and writes pr[m] and status[m].
+// in float64, and writes pr[m] and status[m]. A warp per matrix, in blocks
+// of kFinalizeThreads: FinalizeBlocks(num_matrices) blocks, or `grid` (1 ..
+// that; 0: that) taking the matrices round-robin (the SM cap). The grid
+// changes no result.
+inline constexpr int kFinalizeThreads = 128;
+inline constexpr int FinalizeBlocks(int num_matrices) {
+  return (num_matrices * 32 + kFinalizeThreads - 1) / kFinalizeThreads;
+}
 cudaError_t LaunchFinalize(const MatrixDesc* mats, const int32_t* job_begin,
                            int num_matrices, const double* g2,
                            const double* trace, const float* maxabs,
-                           double* pr, int32_t* status, cudaStream_t stream);
+                           double* pr, int32_t* status, cudaStream_t stream,
+                           int grid = 0);
 
 // One block per matrix: trace[m] = ||W_m||_F^2 (float64), maxabs[m].
 cudaError_t LaunchStats(DType dtype, const MatrixDesc* mats, int num_matrices,
