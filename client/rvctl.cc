@@ -7,6 +7,11 @@
 //   rvctl models [--json]
 //   rvctl watch [ID] [--after SEQ] [--json]
 //
+// Connection (every command): --address, and for a daemon with TLS
+// --tls-ca-file CA.pem (or --tls), for mutual TLS --tls-cert-file and
+// --tls-key-file, for a bearer token --auth-token-file FILE or the
+// environment variable RVD_AUTH_TOKEN (see client/cpp/channel.h).
+//
 // PATH is a Hugging Face model directory or one .safetensors file (then
 // --arch and the head flags). Exit status: 0 on success, 1 when rvd or the
 // checkpoint reports an error (the message is printed), 2 on usage errors.
@@ -14,6 +19,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -26,11 +32,27 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/cpp/channel.h"
 #include "client/cpp/model_loader.h"
 #include "client/cpp/rvd_client.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "rvd's gRPC HOST:PORT");
+ABSL_FLAG(bool, tls, false,
+          "TLS, verifying rvd's certificate against the system's roots "
+          "(implied by --tls-ca-file and --tls-cert-file)");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "TLS: PEM CA that signed rvd's certificate");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "mutual TLS: PEM client certificate (with --tls-key-file)");
+ABSL_FLAG(std::string, tls_key_file, "",
+          "mutual TLS: PEM private key of --tls-cert-file");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "TLS: the name rvd's certificate must carry (default: the host of "
+          "--address)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file holding rvd's bearer token (default: the environment "
+          "variable RVD_AUTH_TOKEN, if set); needs TLS");
 ABSL_FLAG(std::string, model_id, "",
           "measure: the model id, [A-Za-z0-9_.:-]{1,128}");
 ABSL_FLAG(int64_t, step, 0, "measure: the training step");
@@ -366,6 +388,28 @@ int Watch(rvd::RvdClient& client, const std::string& model_id) {
   return s.ok() ? 0 : Fail(s);
 }
 
+// The connection flags; the token from --auth-token-file, else from
+// $RVD_AUTH_TOKEN (a file keeps it out of `ps` and shell history).
+absl::StatusOr<rvd::ChannelOptions> ChannelOptionsFromFlags() {
+  rvd::ChannelOptions options;
+  options.address = absl::GetFlag(FLAGS_address);
+  options.tls = absl::GetFlag(FLAGS_tls);
+  options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca_file);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
+  options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  const std::string token_file = absl::GetFlag(FLAGS_auth_token_file);
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> token = rvd::ReadAuthTokenFile(token_file);
+    if (!token.ok()) return token.status();
+    options.auth_token = *std::move(token);
+  } else if (const char* env = std::getenv("RVD_AUTH_TOKEN");
+             env != nullptr && env[0] != '\0') {
+    options.auth_token = env;
+  }
+  return options;
+}
+
 // Lets users write --model-id as well as --model_id: absl flag names are
 // identifiers, the CLI convention is dashes.
 std::vector<char*> DashesToUnderscores(int argc, char** argv) {
@@ -389,7 +433,11 @@ int main(int argc, char** argv) {
       "  rvctl history ID [--limit N] [--json|--csv]\n"
       "  rvctl latest ID [--json]\n"
       "  rvctl models [--json]\n"
-      "  rvctl watch [ID] [--after SEQ] [--json]");
+      "  rvctl watch [ID] [--after SEQ] [--json]\n"
+      "connection: [--tls-ca-file CA.pem | --tls] [--tls-cert-file C.pem "
+      "--tls-key-file K.pem]\n"
+      "        [--auth-token-file FILE] (or RVD_AUTH_TOKEN in the "
+      "environment)");
   std::vector<char*> args = DashesToUnderscores(argc, argv);
   std::vector<char*> positional =
       absl::ParseCommandLine(args.size(), args.data());
@@ -397,7 +445,12 @@ int main(int argc, char** argv) {
   const std::string command = positional[1];
   const std::string arg = positional.size() > 2 ? positional[2] : "";
   if (positional.size() > 3) return Usage("too many arguments");
-  rvd::RvdClient client(absl::GetFlag(FLAGS_address));
+  absl::StatusOr<rvd::ChannelOptions> options = ChannelOptionsFromFlags();
+  if (!options.ok()) return Fail(options.status());
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      rvd::CreateRvdChannel(*options);
+  if (!channel.ok()) return Fail(channel.status());
+  rvd::RvdClient client(*channel);
 
   if (command == "measure") {
     if (arg.empty()) return Usage("measure needs a PATH");

@@ -27,6 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "CLI/CLI.hpp"
 #include "kernels/engine.h"
+#include "server/security.h"
 #include "yaml-cpp/yaml.h"
 
 namespace rvd {
@@ -202,6 +203,17 @@ const KeyReader kKeys[] = {
      "device memory rvd may hold (>= 64 MiB)"},
     {"cuda_max_sms", &Config::cuda_max_sms,
      "most SMs fused v4's persistent grid occupies, leaving the rest to a trainer (0: all)"},
+    {"tls_cert_file", &Config::tls_cert_file,
+     "PEM certificate chain of the gRPC port; with --tls-key-file: TLS; "
+     "\"\": plaintext"},
+    {"tls_key_file", &Config::tls_key_file,
+     "PEM private key of --tls-cert-file (unencrypted)"},
+    {"tls_client_ca_file", &Config::tls_client_ca_file,
+     "PEM CA bundle: clients must present a certificate it signed (mutual "
+     "TLS)"},
+    {"auth_token_file", &Config::auth_token_file,
+     "file holding a bearer token every call but health checks must carry "
+     "(needs TLS); a wrong or missing one: UNAUTHENTICATED"},
 };
 
 const KeyReader* FindKey(const std::string& name) {
@@ -421,6 +433,7 @@ absl::Status ValidateConfig(const Config& config) {
         "config key 'rv_alert_threshold': must be a finite number >= 0 "
         "(0: no alert gauge)");
   }
+  add(ValidateSecurityConfig(config));
   if (errors.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
 }

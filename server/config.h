@@ -44,6 +44,11 @@ struct Config {
   int cuda_streams = 4;             // CUDA stream pool size
   uint64_t cuda_max_device_bytes = 4ull << 30;  // device memory rvd may hold
   int cuda_max_sms = 0;  // SMs rvd's persistent kernels may occupy; 0: all
+  // gRPC transport security (server/security.h); all empty: plaintext.
+  std::string tls_cert_file;       // PEM chain; with tls_key_file: TLS
+  std::string tls_key_file;        // PEM private key of tls_cert_file
+  std::string tls_client_ca_file;  // PEM CA: clients need a cert (mTLS)
+  std::string auth_token_file;     // bearer token required (needs TLS)
 };
 
 // Parses YAML text. Unknown keys and ill-typed values are INVALID_ARGUMENT

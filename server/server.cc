@@ -20,6 +20,7 @@
 #include "server/metrics.h"
 #include "server/metrics_http.h"
 #include "server/request_metrics.h"
+#include "server/security.h"
 #include "server/service.h"
 #include "spdlog/spdlog.h"
 
@@ -66,9 +67,24 @@ class ServerImpl final : public Server {
     }
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+    // Certificates, key and token are read and checked before listening.
+    absl::StatusOr<ServerSecurity> security = MakeServerSecurity(config);
+    if (!security.ok()) return security.status();
+    security_ = security->description;
+    if (!security->tls) {
+      absl::StatusOr<HostPort> hp =
+          ParseHostPort("config key 'grpc_address'", config.grpc_address);
+      if (hp.ok() && !IsLoopbackHost(hp->host)) {
+        spdlog::warn(
+            "gRPC on {} is plaintext and reachable from other hosts: anyone "
+            "who reaches it can measure and read history (set tls_cert_file "
+            "and tls_key_file, and auth_token_file or tls_client_ca_file)",
+            config.grpc_address);
+      }
+    }
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(config.grpc_address,
-                             grpc::InsecureServerCredentials(), &port_);
+    builder.AddListeningPort(config.grpc_address, security->credentials,
+                             &port_);
     builder.RegisterService(&service_);
     {
       std::vector<std::unique_ptr<
@@ -134,6 +150,7 @@ class ServerImpl final : public Server {
   }
 
   int grpc_port() const override { return port_; }
+  const std::string& security() const { return security_; }
   std::string backend() const override { return engine_->Backend(); }
 
  private:
@@ -147,6 +164,7 @@ class ServerImpl final : public Server {
   std::unique_ptr<grpc::Server> grpc_;
   std::unique_ptr<EngineHealthWatch> health_watch_;
   int port_ = 0;
+  std::string security_;  // ServerSecurity::description, for the log
   std::once_flag shutdown_once_;
 };
 
@@ -172,8 +190,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Config& config) {
                config.data_dir);
   auto server = std::make_unique<ServerImpl>(config, *std::move(engine));
   if (absl::Status s = server->Listen(config); !s.ok()) return s;
-  spdlog::info("rvd {} serving gRPC on {} (port {}), metrics on {}",
+  spdlog::info("rvd {} serving gRPC on {} (port {}, {}), metrics on {}",
                RVD_VERSION, config.grpc_address, server->grpc_port(),
+               server->security(),
                config.metrics_address.empty()
                    ? std::string("(disabled)")
                    : "http://" + config.metrics_address + "/metrics");

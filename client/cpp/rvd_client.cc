@@ -50,6 +50,9 @@ std::vector<rvd::v1::TensorSpec> TensorSpecs(const LoadedModel& model) {
   return specs;
 }
 
+RvdClient::RvdClient(const std::shared_ptr<grpc::Channel>& channel)
+    : stub_(rvd::v1::Rvd::NewStub(channel)) {}
+
 RvdClient::RvdClient(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(rvd::v1::kMaxReplyMessageBytes);

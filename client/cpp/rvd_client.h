@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "client/cpp/channel.h"
 #include "client/cpp/model_loader.h"
 #include "rvd/v1/rvd.grpc.pb.h"
 
@@ -25,8 +26,11 @@ std::vector<rvd::v1::TensorSpec> TensorSpecs(const LoadedModel& model);
 
 class RvdClient {
  public:
-  // address: HOST:PORT. Does not connect until the first call.
+  // address: HOST:PORT, plaintext. Does not connect until the first call.
   explicit RvdClient(const std::string& address);
+  // Over a channel from CreateRvdChannel (client/cpp/channel.h): TLS,
+  // mutual TLS, a bearer token.
+  explicit RvdClient(const std::shared_ptr<grpc::Channel>& channel);
 
   // Sends header + the model's tensor bytes over MeasureStream. The
   // header's `tensors` must be TensorSpecs(model). Errors carry the

@@ -40,7 +40,10 @@ def free_port():
 class Daemon:
     """One rvd process on free loopback ports, with a temporary config."""
 
-    def __init__(self, tmp, **config):
+    def __init__(self, tmp, credentials=None, rvctl_args=(), **config):
+        """credentials: grpc.ChannelCredentials for a daemon with TLS (the
+        test's channel uses them); rvctl_args: flags rvctl() passes too."""
+        self.rvctl_args = list(rvctl_args)
         self.grpc_address = f"127.0.0.1:{free_port()}"
         self.metrics_address = f"127.0.0.1:{free_port()}"
         cfg = {"grpc_address": self.grpc_address,
@@ -48,6 +51,8 @@ class Daemon:
                "backend": "cpu", "data_dir": str(tmp / "data"),
                "engine_threads": 2, "compute_workers": 2}
         cfg.update(config)
+        # A test may bind elsewhere (0.0.0.0:PORT); the client dials loopback.
+        self.grpc_address = cfg["grpc_address"].replace("0.0.0.0", "127.0.0.1")
         self.config_path = tmp / f"rvd-{free_port()}.yaml"
         self.config_path.write_text(
             "".join(f"{k}: {json.dumps(v)}\n" for k, v in cfg.items()))
@@ -55,10 +60,13 @@ class Daemon:
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen([str(RVD), "--config", str(self.config_path)],
                                      stdout=self.log, stderr=subprocess.STDOUT)
-        self.channel = grpc.insecure_channel(
-            self.grpc_address,
-            options=[("grpc.max_receive_message_length", 64 << 20),
-                     ("grpc.max_send_message_length", 64 << 20)])
+        options = [("grpc.max_receive_message_length", 64 << 20),
+                   ("grpc.max_send_message_length", 64 << 20)]
+        if credentials is None:
+            self.channel = grpc.insecure_channel(self.grpc_address, options=options)
+        else:
+            self.channel = grpc.secure_channel(self.grpc_address, credentials,
+                                               options=options)
         self.stub = rvd_pb2_grpc.RvdStub(self.channel)
         self.wait_serving()
 
@@ -82,9 +90,10 @@ class Daemon:
         self.log.flush()
         return self.log_path.read_text()
 
-    def rvctl(self, *args, check=True):
-        r = subprocess.run([str(RVCTL), "--address", self.grpc_address, *map(str, args)],
-                           capture_output=True, text=True, timeout=120)
+    def rvctl(self, *args, check=True, env=None):
+        r = subprocess.run([str(RVCTL), "--address", self.grpc_address,
+                            *self.rvctl_args, *map(str, args)],
+                           capture_output=True, text=True, timeout=120, env=env)
         if check and r.returncode != 0:
             raise AssertionError(f"rvctl {args} failed ({r.returncode}): {r.stderr}")
         return r
