@@ -5,7 +5,8 @@
 //   rvctl history ID [--limit N] [--json|--csv]
 //   rvctl latest ID [--json]
 //   rvctl models [--json]
-//   rvctl watch [ID] [--after SEQ] [--json]
+//   rvctl watch [ID] [--after SEQ] [--alerts-after SEQ] [--noalerts] [--json]
+//         (measurements and alert events as they happen)
 //
 // Connection (every command): --address, and for a daemon with TLS
 // --tls-ca-file CA.pem (or --tls), for mutual TLS --tls-cert-file and
@@ -17,12 +18,15 @@
 // checkpoint reports an error (the message is printed), 2 on usage errors.
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -81,6 +85,12 @@ ABSL_FLAG(std::string, architectures, "",
 ABSL_FLAG(uint32_t, limit, 0, "history: newest N measurements (0: all kept)");
 ABSL_FLAG(int64_t, after, -1,
           "watch: first the kept measurements with sequence > SEQ (0: all "
+          "kept), then new ones; -1: new ones only");
+ABSL_FLAG(bool, alerts, true,
+          "watch: also show alert events (WatchAlerts); --noalerts: "
+          "measurements only");
+ABSL_FLAG(int64_t, alerts_after, -1,
+          "watch: first the kept alert events with sequence > SEQ (0: all "
           "kept), then new ones; -1: new ones only");
 ABSL_FLAG(bool, json, false, "print JSON");
 ABSL_FLAG(bool, csv, false, "history: print CSV");
@@ -338,6 +348,61 @@ int Models(rvd::RvdClient& client) {
   return 0;
 }
 
+const char* AlertStateText(rvd::v1::AlertState s) {
+  switch (s) {
+    case rvd::v1::ALERT_STATE_INACTIVE:
+      return "inactive";
+    case rvd::v1::ALERT_STATE_PENDING:
+      return "pending";
+    case rvd::v1::ALERT_STATE_FIRING:
+      return "firing";
+    case rvd::v1::ALERT_STATE_RESOLVED:
+      return "resolved";
+    default:
+      return "unspecified";
+  }
+}
+
+// An alert event as one line: "alert FIRING rv_floor model m ..." or, with
+// --json, {"alert": {...}}.
+void PrintAlert(const rvd::v1::AlertEvent& a) {
+  if (absl::GetFlag(FLAGS_json)) {
+    json labels = json::object(), annotations = json::object();
+    for (const auto& [k, v] : a.labels()) labels[k] = v;
+    for (const auto& [k, v] : a.annotations()) annotations[k] = v;
+    std::cout << json{{"alert",
+                       {{"sequence", a.sequence()},
+                        {"alert", a.alert()},
+                        {"model_id", a.model_id()},
+                        {"state", AlertStateText(a.state())},
+                        {"previous_state", AlertStateText(a.previous_state())},
+                        {"since_seconds", a.since().seconds()},
+                        {"value", a.value()},
+                        {"observed", a.observed()},
+                        {"threshold", a.threshold()},
+                        {"baseline", a.baseline()},
+                        {"measurement_sequence", a.measurement_sequence()},
+                        {"step", a.step()},
+                        {"severity", a.severity()},
+                        {"labels", labels},
+                        {"annotations", annotations},
+                        {"description", a.description()}}}}
+                     .dump()
+              << std::endl;
+    return;
+  }
+  std::string state = AlertStateText(a.state());
+  for (char& c : state) c = static_cast<char>(std::toupper(c));
+  std::printf(
+      "alert %s %s model %s (alert sequence %llu, measurement %llu, step "
+      "%lld, severity %s): %s\n",
+      state.c_str(), a.alert().c_str(), a.model_id().c_str(),
+      static_cast<unsigned long long>(a.sequence()),
+      static_cast<unsigned long long>(a.measurement_sequence()),
+      static_cast<long long>(a.step()), a.severity().c_str(),
+      a.description().c_str());
+}
+
 const char* GapReasonText(rvd::v1::GapReason r) {
   switch (r) {
     case rvd::v1::GAP_REASON_SLOW_CONSUMER:
@@ -357,8 +422,59 @@ int Watch(rvd::RvdClient& client, const std::string& model_id) {
   if (after < -1) return Usage("--after takes a sequence number >= 0");
   std::optional<uint64_t> cursor;
   if (after >= 0) cursor = static_cast<uint64_t>(after);
+  const int64_t alerts_after = absl::GetFlag(FLAGS_alerts_after);
+  if (alerts_after < -1) {
+    return Usage("--alerts-after takes a sequence number >= 0");
+  }
+  std::optional<uint64_t> alert_cursor;
+  if (alerts_after >= 0) alert_cursor = static_cast<uint64_t>(alerts_after);
+  std::mutex print_mu;  // one event's lines at a time, from either stream
+  absl::Status alerts_status;
+  std::thread alerts;
+  if (absl::GetFlag(FLAGS_alerts)) {
+    alerts = std::thread([&] {
+      alerts_status = client.WatchAlerts(
+          model_id, alert_cursor,
+          [&print_mu](const rvd::v1::AlertWatchEvent& e) {
+            std::lock_guard<std::mutex> lock(print_mu);
+            if (e.has_alert()) {
+              PrintAlert(e.alert());
+            } else if (e.has_gap()) {
+              const rvd::v1::Gap& g = e.gap();
+              if (absl::GetFlag(FLAGS_json)) {
+                std::cout << json{{"alert_gap",
+                                   {{"first_sequence", g.first_sequence()},
+                                    {"last_sequence", g.last_sequence()},
+                                    {"missed", g.missed()},
+                                    {"reason", GapReasonText(g.reason())}}}}
+                                 .dump()
+                          << std::endl;
+              } else {
+                std::printf(
+                    "alert gap: alert sequence %llu..%llu not delivered (%s); "
+                    "--alerts-after %llu fetches what rvd still keeps\n",
+                    static_cast<unsigned long long>(g.first_sequence()),
+                    static_cast<unsigned long long>(g.last_sequence()),
+                    GapReasonText(g.reason()),
+                    static_cast<unsigned long long>(g.first_sequence() - 1));
+              }
+            }
+            std::fflush(stdout);
+            return true;
+          });
+      if (alerts_status.code() == absl::StatusCode::kUnimplemented) {
+        // An rvd without alerts: the measurements go on alone.
+        std::fprintf(stderr, "rvctl: rvd does not serve WatchAlerts; "
+                             "showing measurements only\n");
+        alerts_status = absl::OkStatus();
+        return;
+      }
+      client.CancelWatches();  // the alert stream ended: so does the other
+    });
+  }
   absl::Status s =
-      client.Watch(model_id, cursor, [](const rvd::v1::WatchEvent& e) {
+      client.Watch(model_id, cursor, [&print_mu](const rvd::v1::WatchEvent& e) {
+        std::lock_guard<std::mutex> lock(print_mu);
         if (e.has_measurement()) {
           PrintMeasurement(e.measurement());
         } else if (e.has_gap()) {
@@ -385,7 +501,12 @@ int Watch(rvd::RvdClient& client, const std::string& model_id) {
         std::fflush(stdout);
         return true;
       });
-  return s.ok() ? 0 : Fail(s);
+  // The measurement stream ended (rvd shut down, or a bad cursor): so does
+  // the alert stream.
+  client.CancelWatches();
+  if (alerts.joinable()) alerts.join();
+  if (!s.ok()) return Fail(s);
+  return alerts_status.ok() ? 0 : Fail(alerts_status);
 }
 
 // The connection flags; the token from --auth-token-file, else from
@@ -433,7 +554,8 @@ int main(int argc, char** argv) {
       "  rvctl history ID [--limit N] [--json|--csv]\n"
       "  rvctl latest ID [--json]\n"
       "  rvctl models [--json]\n"
-      "  rvctl watch [ID] [--after SEQ] [--json]\n"
+      "  rvctl watch [ID] [--after SEQ] [--alerts-after SEQ] [--noalerts] "
+      "[--json]\n"
       "connection: [--tls-ca-file CA.pem | --tls] [--tls-cert-file C.pem "
       "--tls-key-file K.pem]\n"
       "        [--auth-token-file FILE] (or RVD_AUTH_TOKEN in the "

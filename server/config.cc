@@ -195,6 +195,9 @@ const KeyReader kKeys[] = {
      "export rvd_participation_ratio_head (one series per head)"},
     {"rv_alert_threshold", &Config::rv_alert_threshold,
      "> 0: export rvd_rv_below_threshold{model_id}; 0: off"},
+    {"alert_rules_file", &Config::alert_rules_file,
+     "YAML file of alert rules (config/alert_rules.yaml), validated at start "
+     "and reread on SIGHUP; \"\": none"},
     {"default_variant", &Config::default_variant,
      "variant for requests that name none; \"\": the backend's default"},
     {"cuda_device", &Config::cuda_device, "CUDA device ordinal"},
@@ -453,7 +456,8 @@ absl::StatusOr<CommandLine> ParseCommandLine(int argc,
   app.footer(
       "Signals: SIGTERM or SIGINT stop rvd (in-flight work gets 5 s, then "
       "rvd exits anyway);\n"
-      "SIGHUP is logged and ignored (no reload yet); SIGUSR1 logs the "
+      "SIGHUP rereads alert_rules_file (a bad file is refused and the old "
+      "rules stay); SIGUSR1 logs the "
       "compute queue's state.");
   app.set_version_flag("--version", RVD_VERSION);
   std::string config_path;

@@ -39,6 +39,8 @@ struct Config {
   double stream_idle_timeout_seconds = 30;
   bool per_head_metrics = false;  // export rvd_participation_ratio_head
   double rv_alert_threshold = 0.0;  // rvd_rv_below_threshold when rv < this
+  // YAML alert rules (server/alert_rules.h), reread on SIGHUP; "": none.
+  std::string alert_rules_file;
   std::string default_variant;      // empty: the backend's default
   int cuda_device = 0;              // CUDA device ordinal
   int cuda_streams = 4;             // CUDA stream pool size

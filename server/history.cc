@@ -65,7 +65,8 @@ absl::StatusOr<std::optional<BusEvent>> Watch::Next() {
 History::History(std::unique_ptr<MeasurementLog> log, const Options& options)
     : log_(std::move(log)),
       index_(options.capacity_per_model, options.max_models),
-      bus_(EventBus::Options{options.watch_queue, options.max_watchers}) {}
+      bus_(EventBus::Options{options.watch_queue, options.max_watchers}),
+      on_append_(options.on_append) {}
 
 History::~History() { CloseWatches(); }
 
@@ -77,6 +78,7 @@ absl::StatusOr<MeasurementLog::Entry> History::Add(rvd::v1::Measurement m) {
   // Reserved above under append_mu_, so Insert cannot fail.
   if (absl::Status s = index_.Insert(*e); !s.ok()) return s;
   bus_.Publish(*e);
+  if (on_append_) on_append_(*e);
   return e;
 }
 

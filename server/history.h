@@ -80,6 +80,10 @@ class History {
     size_t max_models = 10000;         // distinct model ids (at least 1)
     size_t max_watchers = 64;          // concurrent watches
     size_t watch_queue = 1024;         // measurements queued per watcher
+    // Called with each added entry after the bus has it, under the append
+    // lock, so in sequence order (the alert engine); it must be quick and
+    // must not call back into History.
+    std::function<void(const MeasurementLog::Entry&)> on_append;
   };
   History(std::unique_ptr<MeasurementLog> log, const Options& options);
   ~History();  // closes every watch
@@ -121,6 +125,7 @@ class History {
   const std::unique_ptr<MeasurementLog> log_;
   MeasurementIndex index_;
   EventBus bus_;
+  const std::function<void(const MeasurementLog::Entry&)> on_append_;
 };
 
 }  // namespace rvd

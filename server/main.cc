@@ -3,8 +3,9 @@
 //
 // Signals: SIGTERM and SIGINT stop rvd; in-flight work gets
 // Server::kShutdownGrace, then it is cancelled (engine calls stop at their
-// next checkpoint, nothing is recorded) and rvd exits. SIGHUP is logged and ignored (nothing is reloadable
-// yet); SIGUSR1 logs the daemon's state. No work runs in a signal handler:
+// next checkpoint, nothing is recorded) and rvd exits. SIGHUP rereads the alert rules file (a bad file is
+// logged and refused, the old rules stay); SIGUSR1 logs the daemon's state.
+// No work runs in a signal handler:
 // the handler writes the signal's number to a pipe that main reads.
 // (Blocking the signals and sigwait-ing would not do: threads started before
 // main, such as OpenBLAS's, do not inherit the mask, and a signal that finds
@@ -26,6 +27,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "server/config.h"
+#include "server/log_text.h"
 #include "server/server.h"
 #include "spdlog/spdlog.h"
 
@@ -124,7 +126,13 @@ int main(int argc, char** argv) {
     signal = WaitForSignal();
     if (signal == SIGTERM || signal == SIGINT) break;
     if (signal == SIGHUP) {
-      spdlog::warn("received SIGHUP: reload is not supported yet; ignored");
+      absl::StatusOr<size_t> rules = (*server)->ReloadAlertRules();
+      if (rules.ok()) {
+        spdlog::info("received SIGHUP: alert rules reloaded ({} rules)", *rules);
+      } else {
+        spdlog::error("received SIGHUP: alert rules NOT reloaded, the old rules "
+                      "stay: {}", rvd::LogEscape(rules.status().ToString()));
+      }
     } else {
       spdlog::info("received SIGUSR1: {}", (*server)->DescribeState());
     }

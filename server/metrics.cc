@@ -430,6 +430,7 @@ std::vector<MetricFamily> Metrics::Collect() const {
   CollectModels(&out);
   CollectEngine(&out);
   CollectPoolAndBus(&out);
+  if (sources_.alerts != nullptr) sources_.alerts->CollectMetrics(&out);
   std::sort(out.begin(), out.end(),
             [](const MetricFamily& a, const MetricFamily& b) {
               return a.name < b.name;

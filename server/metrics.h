@@ -69,6 +69,7 @@
 #include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
 #include "rvd/v1/rvd.pb.h"
+#include "server/alerts.h"
 #include "server/compute_pool.h"
 #include "server/event_bus.h"
 #include "server/measurement_index.h"
@@ -92,6 +93,9 @@ struct MetricsSources {
   const Engine* engine = nullptr;
   const ComputePool* pool = nullptr;
   const EventBus* bus = nullptr;
+  // rvd_alert_active, rvd_alerts_fired_total and the other rvd_alert_*
+  // families (alerts.h), within the same max_series budget.
+  const AlertEngine* alerts = nullptr;
 };
 
 class Metrics final : public prometheus::Collectable {

@@ -13,6 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "rvd/v1/limits.h"
+#include "server/alert_rules.h"
+#include "server/alerts.h"
 #include "server/backend.h"
 #include "server/compute_pool.h"
 #include "server/engine_health.h"
@@ -33,22 +35,32 @@ constexpr char kServiceName[] = "rvd.v1.Rvd";
 constexpr size_t kMinLogRetained = 4096;
 // Measurements queued per watcher before it is sent a gap.
 constexpr size_t kWatchQueue = 1024;
+// Alert events kept for WatchAlerts streams that resume.
+constexpr size_t kAlertEventsRetained = 4096;
 
 class ServerImpl final : public Server {
  public:
   ServerImpl(const Config& config, std::unique_ptr<Engine> engine)
       : engine_(std::move(engine)),
+        alerts_(AlertEngine::Options{kAlertEventsRetained, config.max_watchers,
+                                     config.max_metric_series},
+                {}),
+        alert_rules_file_(config.alert_rules_file),
+        rv_alert_threshold_(config.rv_alert_threshold),
         pool_(config.compute_workers, config.max_inflight_requests),
         history_(NewMemLog(std::max<size_t>(config.history_capacity,
                                             kMinLogRetained)),
                  History::Options{config.history_capacity, config.max_models,
-                                  config.max_watchers, kWatchQueue}),
+                                  config.max_watchers, kWatchQueue,
+                                  [this](const MeasurementLog::Entry& e) {
+                                    alerts_.Observe(*e);
+                                  }}),
         metrics_(std::make_shared<Metrics>(
             MetricsOptions{config.per_head_metrics, config.rv_alert_threshold,
                            RVD_VERSION, engine_->Backend(), engine_->Version(),
                            config.max_metric_series},
             MetricsSources{&history_.index(), engine_.get(), &pool_,
-                           &history_.bus()})),
+                           &history_.bus(), &alerts_})),
         service_(*engine_, pool_, history_, *metrics_,
                  ServiceLimits{config.max_request_bytes,
                                config.max_inflight_requests,
@@ -153,8 +165,29 @@ class ServerImpl final : public Server {
   const std::string& security() const { return security_; }
   std::string backend() const override { return engine_->Backend(); }
 
+  absl::StatusOr<size_t> ReloadAlertRules() override {
+    absl::StatusOr<std::vector<AlertRule>> rules =
+        BuildAlertRules(alert_rules_file_, rv_alert_threshold_);
+    if (!rules.ok()) {
+      alerts_.NoteReloadFailure();
+      return rules.status();
+    }
+    const size_t n = rules->size();
+    alerts_.SetRules(*std::move(rules));
+    return n;
+  }
+  // Before serving: the first rules, and WatchAlerts served.
+  void StartAlerts(std::vector<AlertRule> rules) {
+    alerts_.SetRules(std::move(rules));
+    service_.set_alerts(&alerts_);
+  }
+
  private:
   std::unique_ptr<Engine> engine_;
+  // Before history_, whose append hook evaluates the rules.
+  AlertEngine alerts_;
+  const std::string alert_rules_file_;  // reread on SIGHUP ("": none)
+  const double rv_alert_threshold_;     // > 0: one more rule
   ComputePool pool_;
   History history_;
   // Shared with the exposer, which holds it weakly; outlives exposer_.
@@ -172,6 +205,14 @@ class ServerImpl final : public Server {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Config& config) {
   if (absl::Status s = ValidateConfig(config); !s.ok()) return s;
+  // The alert rules are validated as a whole before anything starts.
+  absl::StatusOr<std::vector<AlertRule>> alert_rules =
+      BuildAlertRules(config.alert_rules_file, config.rv_alert_threshold);
+  if (!alert_rules.ok()) return alert_rules.status();
+  spdlog::info("alert rules: {} from {}{}", alert_rules->size(),
+               config.alert_rules_file.empty() ? std::string("(no file)")
+                                               : config.alert_rules_file,
+               config.rv_alert_threshold > 0 ? " and rv_alert_threshold" : "");
   std::string why;
   absl::StatusOr<std::unique_ptr<Engine>> engine =
       CreateEngine(config.backend, config.engine_threads,
@@ -189,6 +230,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Config& config) {
   spdlog::info("data_dir {} is not used yet (reserved for the durable history)",
                config.data_dir);
   auto server = std::make_unique<ServerImpl>(config, *std::move(engine));
+  server->StartAlerts(*std::move(alert_rules));
   if (absl::Status s = server->Listen(config); !s.ok()) return s;
   spdlog::info("rvd {} serving gRPC on {} (port {}, {}), metrics on {}",
                RVD_VERSION, config.grpc_address, server->grpc_port(),

@@ -43,6 +43,12 @@ class Server {
   virtual int grpc_port() const = 0;
   // "cpu" or "cuda": the backend serving measurements.
   virtual std::string backend() const = 0;
+
+  // SIGHUP: rereads alert_rules_file and, when the whole file is valid,
+  // replaces the alert rules (rv_alert_threshold's rule included) and
+  // returns how many there are; otherwise the old rules stay and the error
+  // says why (counted in rvd_alert_reload_failures_total).
+  virtual absl::StatusOr<size_t> ReloadAlertRules() = 0;
 };
 
 }  // namespace rvd

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "server/alert_watch.h"
 #include "server/log_text.h"
 #include "server/measure.h"
 #include "spdlog/spdlog.h"
@@ -94,6 +95,7 @@ RvdService::RvdService(Engine& engine, ComputePool& pool, History& history,
 void RvdService::StopWatches() {
   stopping_ = true;
   history_.CloseWatches();
+  if (alerts_ != nullptr) alerts_->CloseWatches();
 }
 
 grpc::Status RvdService::Finish(const absl::Status& status) {
@@ -486,6 +488,12 @@ class WatchReactor final : public grpc::ServerWriteReactor<rvd::v1::WatchEvent> 
 };
 
 }  // namespace
+
+grpc::ServerWriteReactor<rvd::v1::AlertWatchEvent>* RvdService::WatchAlerts(
+    grpc::CallbackServerContext*, const rvd::v1::WatchAlertsRequest* request) {
+  return StartAlertWatch(alerts_, *request,
+                         [this](const absl::Status& s) { return Finish(s); });
+}
 
 grpc::ServerWriteReactor<rvd::v1::WatchEvent>* RvdService::WatchMeasurements(
     grpc::CallbackServerContext*, const rvd::v1::WatchRequest* request) {

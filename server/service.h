@@ -13,6 +13,7 @@
 
 #include "kernels/engine.h"
 #include "rvd/v1/rvd.grpc.pb.h"
+#include "server/alerts.h"
 #include "server/buffer_pool.h"
 #include "server/cancel_watch.h"
 #include "server/compute_pool.h"
@@ -32,8 +33,9 @@ struct ServiceLimits {
 };
 
 class RvdService final
-    : public rvd::v1::Rvd::WithCallbackMethod_WatchMeasurements<
-          rvd::v1::Rvd::Service> {
+    : public rvd::v1::Rvd::WithCallbackMethod_WatchAlerts<
+          rvd::v1::Rvd::WithCallbackMethod_WatchMeasurements<
+              rvd::v1::Rvd::Service>> {
  public:
   RvdService(Engine& engine, ComputePool& pool, History& history,
              Metrics& metrics, const ServiceLimits& limits);
@@ -41,6 +43,10 @@ class RvdService final
   // Ends every WatchMeasurements stream (UNAVAILABLE, with the cursor to
   // resume from) and refuses new ones; called before shutdown.
   void StopWatches();
+
+  // The alert engine WatchAlerts streams read (null: UNAVAILABLE); set
+  // before serving. StopWatches ends its streams too.
+  void set_alerts(AlertEngine* alerts) { alerts_ = alerts; }
 
   // Cancels every measurement computing or queued, and every later one
   // (CANCELLED, nothing recorded): the engine calls stop at their next
@@ -67,6 +73,11 @@ class RvdService final
                           rvd::v1::ListModelsResponse* response) override;
   // A stream in sequence order: the log after request.after_sequence, then
   // the bus (history.h); at most max_watchers at once.
+  // Alert events in sequence order after request.after_sequence (alerts.h);
+  // at most max_watchers at once.
+  grpc::ServerWriteReactor<rvd::v1::AlertWatchEvent>* WatchAlerts(
+      grpc::CallbackServerContext* context,
+      const rvd::v1::WatchAlertsRequest* request) override;
   grpc::ServerWriteReactor<rvd::v1::WatchEvent>* WatchMeasurements(
       grpc::CallbackServerContext* context,
       const rvd::v1::WatchRequest* request) override;
@@ -104,6 +115,7 @@ class RvdService final
   CancelWatch cancel_watch_;          // a gone caller's flag stops its engine call
   std::atomic<int64_t> inflight_{0};  // measurements in the compute phase
   std::atomic<bool> stopping_{false};  // set by StopWatches
+  AlertEngine* alerts_ = nullptr;      // see set_alerts
 };
 
 }  // namespace rvd

@@ -138,6 +138,7 @@ absl::Status RvdClient::Watch(
     const std::string& model_id, std::optional<uint64_t> after_sequence,
     const std::function<bool(const rvd::v1::WatchEvent&)>& on_event) {
   grpc::ClientContext context;
+  if (!AddWatch(&context)) return absl::OkStatus();
   rvd::v1::WatchRequest request;
   request.set_model_id(model_id);
   if (after_sequence.has_value()) request.set_after_sequence(*after_sequence);
@@ -151,8 +152,50 @@ absl::Status RvdClient::Watch(
     }
   }
   grpc::Status s = reader->Finish();
+  RemoveWatch(&context);
   if (s.error_code() == grpc::StatusCode::CANCELLED) return absl::OkStatus();
   return FromGrpc(s);
+}
+
+absl::Status RvdClient::WatchAlerts(
+    const std::string& model_id, std::optional<uint64_t> after_sequence,
+    const std::function<bool(const rvd::v1::AlertWatchEvent&)>& on_event) {
+  grpc::ClientContext context;
+  if (!AddWatch(&context)) return absl::OkStatus();
+  rvd::v1::WatchAlertsRequest request;
+  request.set_model_id(model_id);
+  if (after_sequence.has_value()) request.set_after_sequence(*after_sequence);
+  std::unique_ptr<grpc::ClientReader<rvd::v1::AlertWatchEvent>> reader =
+      stub_->WatchAlerts(&context, request);
+  rvd::v1::AlertWatchEvent event;
+  while (reader->Read(&event)) {
+    if (!on_event(event)) {
+      context.TryCancel();
+      break;
+    }
+  }
+  grpc::Status s = reader->Finish();
+  RemoveWatch(&context);
+  if (s.error_code() == grpc::StatusCode::CANCELLED) return absl::OkStatus();
+  return FromGrpc(s);
+}
+
+bool RvdClient::AddWatch(grpc::ClientContext* context) {
+  std::lock_guard<std::mutex> lock(watches_mu_);
+  if (watches_cancelled_) return false;
+  watches_.insert(context);
+  return true;
+}
+
+void RvdClient::RemoveWatch(grpc::ClientContext* context) {
+  std::lock_guard<std::mutex> lock(watches_mu_);
+  watches_.erase(context);
+}
+
+void RvdClient::CancelWatches() {
+  std::lock_guard<std::mutex> lock(watches_mu_);
+  watches_cancelled_ = true;
+  for (grpc::ClientContext* c : watches_) c->TryCancel();
 }
 
 }  // namespace rvd

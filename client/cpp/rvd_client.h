@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -50,9 +52,24 @@ class RvdClient {
   absl::Status Watch(
       const std::string& model_id, std::optional<uint64_t> after_sequence,
       const std::function<bool(const rvd::v1::WatchEvent&)>& on_event);
+  // The same for a WatchAlerts stream: alert events (pending, firing,
+  // resolved, ...) and gaps, resumable after an alert event's sequence.
+  absl::Status WatchAlerts(
+      const std::string& model_id, std::optional<uint64_t> after_sequence,
+      const std::function<bool(const rvd::v1::AlertWatchEvent&)>& on_event);
+  // Ends every Watch and WatchAlerts call of this client in progress, and
+  // any started later (they return OK); callable from any thread, e.g. one
+  // watch's thread when the other's stream ended.
+  void CancelWatches();
 
  private:
   std::unique_ptr<rvd::v1::Rvd::Stub> stub_;
+  // The watches in progress, for CancelWatches; registered while they run.
+  bool AddWatch(grpc::ClientContext* context);  // false: cancelled already
+  void RemoveWatch(grpc::ClientContext* context);
+  std::mutex watches_mu_;
+  std::set<grpc::ClientContext*> watches_;  // guarded by watches_mu_
+  bool watches_cancelled_ = false;          // guarded by watches_mu_
 };
 
 }  // namespace rvd

@@ -136,7 +136,7 @@ def test_rvctl_watch_sees_new_measurements(daemon, tmp_path):
     rng = np.random.default_rng(5)
     write_llama(tmp_path / "w", rng, layers=4)
     watcher = subprocess.Popen([str(RVCTL), "--address", daemon.grpc_address,
-                                "watch", "watched", "--json"],
+                                "watch", "watched", "--json", "--noalerts"],
                                stdout=subprocess.PIPE, text=True)
     try:
         # The watcher subscribes asynchronously: measure until it reports
