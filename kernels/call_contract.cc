@@ -69,6 +69,45 @@ absl::Status ValidateView(const MatrixView& v, size_t index) {
         absl::StrCat("batch[", index, "]: data not aligned to its element size (",
                      DTypeSize(v.dtype), " bytes for ", DTypeName(v.dtype), ")"));
   }
+  if (v.block_rows != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch[", index, "]: a blocked view (block_rows ", v.block_rows,
+        ") is taken by device calls only; gather its rows first (SliceV)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateBlockedView(const MatrixView& v, size_t index) {
+  if (v.block_rows <= 0 || v.rows % v.block_rows != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch[", index, "]: block_rows ", v.block_rows, " must divide rows ", v.rows));
+  }
+  MatrixView block = v;
+  block.rows = v.block_rows;
+  block.block_rows = 0;
+  block.block_stride = 0;
+  if (absl::Status s = ValidateView(block, index); !s.ok()) return s;
+  if (v.rows > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch[", index, "]: dimensions exceed 2^31 (rows ", v.rows, ")"));
+  }
+  // block_stride >= block_rows * ld: each block ends before the next starts.
+  int64_t block_elems = 0;
+  if (__builtin_mul_overflow(v.block_rows, v.ld, &block_elems) ||
+      v.block_stride < block_elems) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch[", index, "]: block_stride ", v.block_stride,
+        " overlaps its blocks (block_rows ", v.block_rows, " x ld ", v.ld, ")"));
+  }
+  // The last element: (blocks - 1) * block_stride + (block_rows - 1) * ld
+  // + cols elements from data.
+  int64_t elems = 0, bytes = 0;
+  if (__builtin_mul_overflow(v.rows / v.block_rows - 1, v.block_stride, &elems) ||
+      __builtin_add_overflow(elems, block_elems - v.ld + v.cols, &elems) ||
+      __builtin_mul_overflow(elems, static_cast<int64_t>(DTypeSize(v.dtype)), &bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch[", index, "]: the view spans more than 2^63 bytes"));
+  }
   return absl::OkStatus();
 }
 

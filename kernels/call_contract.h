@@ -47,9 +47,16 @@ absl::StatusOr<VariantKind> ParseVariant(const VariantSpec& v,
 
 // INVALID_ARGUMENT, naming batch[index], unless v has data, rows >= 1,
 // cols >= 1, ld >= cols, rows/cols/ld below 2^31 (BLAS and the kernels take
-// int dimensions), a byte extent that fits int64, and data aligned to its
-// element size.
+// int dimensions), a byte extent that fits int64, data aligned to its
+// element size, and is not blocked (MatrixView::block_rows: only the device
+// path takes those, through ValidateBlockedView).
 absl::Status ValidateView(const MatrixView& v, size_t index);
+
+// The same for a blocked view (block_rows > 0): each block a valid view
+// (ValidateView of block_rows x cols), block_rows dividing rows, blocks
+// that neither overlap nor go backwards (block_stride >= block_rows * ld),
+// and the whole extent in int64 bytes.
+absl::Status ValidateBlockedView(const MatrixView& v, size_t index);
 
 // INVALID_ARGUMENT "batch[index]: matrix contains NaN or Inf".
 absl::Status NonFiniteError(size_t index);

@@ -195,5 +195,40 @@ TEST(PRFromSingularValuesTest, ScaleInvariantWithoutOverflowOrUnderflow) {
       PRFromSingularValues({1.0, std::numeric_limits<double>::quiet_NaN()})));
 }
 
+// A blocked view (MatrixView::block_rows) is a device call's input only:
+// ValidateView refuses it, so a host call (CPU engine, CUDA host path) never
+// reads rows of Q and K as V; ValidateBlockedView checks its blocking.
+TEST(ValidateBlockedViewTest, HostCallsRefuseItDeviceCallsCheckIt) {
+  std::vector<float> w(3 * 4 * 2 * 5);  // gpt_neox: 4 heads of [q k v] x 2 rows, 5 cols
+  MatrixView v{w.data() + 2 * 2 * 5, 8, 5, 5, DType::kF32};
+  v.block_rows = 2;
+  v.block_stride = 3 * 2 * 5;
+  const absl::Status host = ValidateView(v, 3);
+  EXPECT_TRUE(absl::IsInvalidArgument(host));
+  EXPECT_THAT(std::string(host.message()),
+              AllOf(HasSubstr("batch[3]"), HasSubstr("blocked view")));
+  std::vector<double> out(1);
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      CheckCall({v}, {}, absl::MakeSpan(out), "cpu", "algebraic").status()));
+  EXPECT_TRUE(ValidateBlockedView(v, 0).ok()) << ValidateBlockedView(v, 0);
+
+  MatrixView bad = v;
+  bad.block_rows = 3;  // does not divide 8 rows
+  EXPECT_THAT(std::string(ValidateBlockedView(bad, 1).message()),
+              AllOf(HasSubstr("batch[1]"), HasSubstr("divide")));
+  bad = v;
+  bad.block_stride = 2 * 5 - 1;  // blocks overlap
+  EXPECT_THAT(std::string(ValidateBlockedView(bad, 2).message()), HasSubstr("overlaps"));
+  bad = v;
+  bad.ld = 4;  // ld < cols: a bad block
+  EXPECT_TRUE(absl::IsInvalidArgument(ValidateBlockedView(bad, 0)));
+  bad = v;
+  bad.block_stride = std::numeric_limits<int64_t>::max() / 2;  // extent past 2^63 bytes
+  EXPECT_THAT(std::string(ValidateBlockedView(bad, 0).message()), HasSubstr("2^63"));
+  bad = v;
+  bad.block_rows = 0;
+  EXPECT_TRUE(absl::IsInvalidArgument(ValidateBlockedView(bad, 0)));
+}
+
 }  // namespace
 }  // namespace rvd

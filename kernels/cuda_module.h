@@ -31,8 +31,9 @@
 extern "C" {
 #endif
 
-/* 2: compute takes an rvd_call (ordering event and cancellation flag). */
-#define RVD_CUDA_MODULE_ABI_VERSION 2u
+/* 2: compute takes an rvd_call (ordering event and cancellation flag).
+ * 3: rvd_matrix carries a blocked view's block_rows and block_stride. */
+#define RVD_CUDA_MODULE_ABI_VERSION 3u
 /* The one symbol the module exports: a function returning its table. */
 #define RVD_CUDA_MODULE_SYMBOL "rvd_cuda_module_table"
 
@@ -43,12 +44,16 @@ enum rvd_memory { RVD_MEMORY_HOST = 0, RVD_MEMORY_DEVICE = 1 };
 /* Element types, as rvd::DType. */
 enum rvd_dtype { RVD_DTYPE_F32 = 0, RVD_DTYPE_F16 = 1, RVD_DTYPE_BF16 = 2 };
 
-/* A row-major matrix: element (i, j) at data + (i * ld + j) * element size. */
+/* A row-major matrix: element (i, j) at data + (i * ld + j) * element size;
+ * blocked (block_rows > 0, device memory only) as rvd::MatrixView: row i at
+ * (i / block_rows) * block_stride + (i % block_rows) * ld elements. */
 typedef struct rvd_matrix {
   const void* data;
   int64_t rows, cols, ld;
   int32_t dtype;  /* enum rvd_dtype */
   int32_t memory; /* enum rvd_memory; one kind per call */
+  int64_t block_rows;   /* 0: one strided matrix */
+  int64_t block_stride; /* elements between block starts */
 } rvd_matrix;
 
 typedef struct rvd_variant {

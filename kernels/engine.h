@@ -34,18 +34,30 @@ const char* DTypeName(DType dtype);
 
 // A row-major matrix in memory the caller owns: element (i, j) is at
 // data + (i * ld + j) * DTypeSize(dtype). Requires ld >= cols.
+//
+// Blocked (block_rows > 0): the rows come in blocks of block_rows rows, the
+// starts of consecutive blocks block_stride elements apart, so element
+// (i, j) is at data + ((i / block_rows) * block_stride + (i % block_rows) *
+// ld + j) * DTypeSize(dtype). That is a V which is not one strided matrix
+// in its tensor (gpt_neox's heads, each d rows between its Q and K rows:
+// v_layout.h ViewV). Only ComputePRDevice takes a blocked view (the CUDA
+// engine gathers it into a buffer of its own, on the device); host calls
+// refuse it, their caller gathers (SliceV).
 struct MatrixView {
   const void* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
   int64_t ld = 0;  // elements between the starts of consecutive rows
   DType dtype = DType::kF32;
+  int64_t block_rows = 0;    // 0: one strided matrix; else divides rows
+  int64_t block_stride = 0;  // elements between block starts (blocked only)
 };
 
 // The same matrix in the same place.
 inline bool operator==(const MatrixView& a, const MatrixView& b) {
   return a.data == b.data && a.rows == b.rows && a.cols == b.cols && a.ld == b.ld &&
-         a.dtype == b.dtype;
+         a.dtype == b.dtype && a.block_rows == b.block_rows &&
+         a.block_stride == b.block_stride;
 }
 
 // Which estimator to run, and its parameters.

@@ -1,10 +1,11 @@
-// SliceV: finds V in a stored attention weight. See v_layout.h.
+// ViewV and SliceV: find V in a stored attention weight. See v_layout.h.
 //
 // Every layout but gpt2's stores V as d-row blocks, one per kv head, at
 // row offsets the layout fixes (HeadStartRow). When those blocks follow each
 // other the views point into the tensor; when Q and K rows sit between them
-// (gpt_neox, falcon classic, falcon grouped with K > 1) the blocks are copied
-// into VSlices::gathered, in head order. gpt2's Conv1D stores V as columns
+// (gpt_neox, falcon classic, falcon grouped with K > 1) ViewV's layer is a
+// blocked view of them and SliceV copies them into VSlices::gathered, in
+// head order. gpt2's Conv1D stores V as columns
 // [2D, 3D) of a [D, 3D] tensor; since PR(W) = PR(W^T), V is returned as a
 // strided [D, D] view (and [D, d] per head) with ld = 3D, without a copy.
 #include "kernels/v_layout.h"
@@ -203,8 +204,8 @@ absl::StatusOr<VLayout> ParseVLayout(const std::string& name) {
       "unknown V layout \"", name, "\"; known: ", absl::StrJoin(names, ", ")));
 }
 
-absl::StatusOr<VSlices> SliceV(const TensorView& tensor, VLayout layout,
-                               const HeadGeometry& g) {
+absl::StatusOr<VViews> ViewV(const TensorView& tensor, VLayout layout,
+                             const HeadGeometry& g) {
   const std::string where = absl::StrCat("layout ", VLayoutName(layout),
                                          ", geometry ", GeometryString(g));
   bool known = false;
@@ -239,7 +240,7 @@ absl::StatusOr<VSlices> SliceV(const TensorView& tensor, VLayout layout,
   const size_t elem = DTypeSize(tensor.dtype);
   const auto* base = static_cast<const uint8_t*>(tensor.data);
   const int64_t k = g.num_kv_heads, d = g.head_dim;
-  VSlices out;
+  VViews out;
   out.heads.reserve(static_cast<size_t>(k));
 
   if (layout == VLayout::kGpt2Conv1D) {
@@ -253,33 +254,61 @@ absl::StatusOr<VSlices> SliceV(const TensorView& tensor, VLayout layout,
     return out;
   }
 
+  // Row layouts: head h's V is rows [HeadStartRow(h), + d). Consecutive
+  // heads are a fixed number of rows apart in every layout (d when V is
+  // contiguous, 3d for gpt_neox and falcon classic, (H/K + 2) d for falcon
+  // grouped), so the layer is one view, blocked when that distance is not d.
   const int64_t cols = tensor.cols;
   const size_t row_bytes = static_cast<size_t>(cols) * elem;
   const int64_t first = HeadStartRow(layout, g, 0);
-  bool contiguous = true;
-  for (int64_t h = 1; h < k && contiguous; ++h) {
-    contiguous = HeadStartRow(layout, g, h) == first + h * d;
-  }
-  const uint8_t* v_base = base + static_cast<size_t>(first) * row_bytes;
-  if (!contiguous) {
-    // Copy head after head, so that V is [K*d, D] again.
-    const size_t head_bytes = static_cast<size_t>(d) * row_bytes;
-    out.gathered.resize(static_cast<size_t>(k) * head_bytes);
-    for (int64_t h = 0; h < k; ++h) {
-      std::memcpy(
-          out.gathered.data() + h * head_bytes,
-          base + static_cast<size_t>(HeadStartRow(layout, g, h)) * row_bytes,
-          head_bytes);
-    }
-    // A vector's heap buffer survives moves of the vector, so these views
-    // stay valid when the VSlices is moved.
-    v_base = out.gathered.data();
-  }
-  out.layer = View(tensor, v_base, k * d, cols, cols);
+  const int64_t step = k > 1 ? HeadStartRow(layout, g, 1) - first : d;
   for (int64_t h = 0; h < k; ++h) {
-    out.heads.push_back(View(tensor,
-                             v_base + static_cast<size_t>(h * d) * row_bytes, d,
-                             cols, cols));
+    out.heads.push_back(View(
+        tensor, base + static_cast<size_t>(HeadStartRow(layout, g, h)) * row_bytes, d,
+        cols, cols));
+  }
+  out.layer = View(tensor, base + static_cast<size_t>(first) * row_bytes, k * d, cols, cols);
+  if (step != d) {
+    out.layer.block_rows = d;
+    out.layer.block_stride = step * cols;
+  }
+  return out;
+}
+
+void GatherBlockedRows(const MatrixView& v, uint8_t* dst) {
+  const size_t elem = DTypeSize(v.dtype);
+  const size_t row_bytes = static_cast<size_t>(v.cols) * elem;
+  const auto* src = static_cast<const uint8_t*>(v.data);
+  for (int64_t r = 0; r < v.rows; ++r) {
+    const int64_t offset = (r / v.block_rows) * v.block_stride + (r % v.block_rows) * v.ld;
+    std::memcpy(dst + static_cast<size_t>(r) * row_bytes,
+                src + static_cast<size_t>(offset) * elem, row_bytes);
+  }
+}
+
+absl::StatusOr<VSlices> SliceV(const TensorView& tensor, VLayout layout,
+                               const HeadGeometry& g) {
+  absl::StatusOr<VViews> views = ViewV(tensor, layout, g);
+  if (!views.ok()) return views.status();
+  VSlices out;
+  out.layer = views->layer;
+  out.heads = std::move(views->heads);
+  if (out.layer.block_rows == 0) return out;
+  // Q and K rows sit between the heads: copy head after head, so that V is
+  // [K*d, D] again, and point the heads at their rows of the copy (a host
+  // batch then shares those bytes: one upload on the CUDA host path).
+  const size_t row_bytes = static_cast<size_t>(out.layer.cols) * DTypeSize(tensor.dtype);
+  out.gathered.resize(static_cast<size_t>(out.layer.rows) * row_bytes);
+  GatherBlockedRows(out.layer, out.gathered.data());
+  // A vector's heap buffer survives moves of the vector, so these views
+  // stay valid when the VSlices is moved.
+  const uint8_t* v_base = out.gathered.data();
+  out.layer.data = v_base;
+  out.layer.block_rows = 0;
+  out.layer.block_stride = 0;
+  const int64_t d = g.head_dim;
+  for (size_t h = 0; h < out.heads.size(); ++h) {
+    out.heads[h].data = v_base + h * static_cast<size_t>(d) * row_bytes;
   }
   return out;
 }

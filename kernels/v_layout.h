@@ -1,10 +1,12 @@
 // Where V sits in a stored attention weight, and how to cut it out.
 //
 // A checkpoint stores the V projection either alone (v_proj) or fused with Q
-// and K in one tensor, in one of several orders. SliceV turns a tensor of a
-// known layout into the layer's whole V block and one block per kv head, as
-// MatrixViews. PR is invariant under transposition, so the gpt2 Conv1D form
-// (V stored as columns) is sliced as-is without transposing.
+// and K in one tensor, in one of several orders. ViewV says where the
+// layer's whole V block and each kv head's block are, as MatrixViews
+// computed from the tensor's address alone (host or device memory alike);
+// SliceV does the same for host memory and gathers V when it is not one
+// strided matrix. PR is invariant under transposition, so the gpt2 Conv1D
+// form (V stored as columns) is viewed as-is without transposing.
 //
 // Thread-compatible: plain data and pure functions.
 #ifndef RVD_KERNELS_V_LAYOUT_H_
@@ -87,8 +89,28 @@ struct VSlices {
   std::vector<uint8_t> gathered;
 };
 
+// V in the tensor, without reading or copying a byte (tensor.data may be
+// device memory): the one statement of which rows and strides V has in
+// each layout. `layer` is a plain view when V is one strided matrix there,
+// else a blocked view (MatrixView::block_rows = head_dim, block_stride the
+// head-to-head distance: gpt_neox, falcon classic, falcon grouped with
+// K > 1), which ComputePRDevice gathers on the device. `heads` are plain
+// views into the tensor. Errors as SliceV's.
+struct VViews {
+  MatrixView layer;
+  std::vector<MatrixView> heads;
+};
+absl::StatusOr<VViews> ViewV(const TensorView& tensor, VLayout layout,
+                             const HeadGeometry& geometry);
+
+// Copies the rows of a blocked view (MatrixView::block_rows > 0) of host
+// memory into `dst`, row after row, ld = cols: the host's gather.
+void GatherBlockedRows(const MatrixView& blocked, uint8_t* dst);
+
 // Checks that the tensor's shape matches the layout and geometry (the error
-// names the expected and the actual shape) and cuts out V. The returned
+// names the expected and the actual shape) and cuts out V: ViewV, with a
+// blocked layer gathered into `gathered` (and the heads pointed there, so
+// that a host batch's views share the gathered bytes). The returned
 // views point into `tensor.data` or into the result's `gathered`, so keep
 // both alive while the views are used. Moving a VSlices keeps its views valid.
 absl::StatusOr<VSlices> SliceV(const TensorView& tensor, VLayout layout,

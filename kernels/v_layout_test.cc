@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -335,6 +336,105 @@ TEST(SliceVTest, EmptyTensor) {
   TensorView t{nullptr, 0, 0, DType::kF32};
   ExpectInvalid(SliceV(t, VLayout::kSeparate, HeadGeometry{1, 1, 1}),
                 {"empty tensor"});
+}
+
+// ViewV is the one statement of V's rows and strides: on every layout (and
+// geometries with one and several kv heads) its views, read through the
+// blocked-view formula (an independent loop here), hold exactly the bytes of
+// SliceV's views, whose layouts the tests above check against the
+// modeling code. A layer whose heads are not adjacent is blocked (d rows per
+// block), and only then; heads always point into the tensor.
+TEST(ViewVTest, AgreesWithSliceVOnEveryLayout) {
+  const HeadGeometry geometries[] = {{4, 2, 3}, {6, 6, 2}, {4, 1, 5}, {8, 4, 2}, {2, 2, 4}};
+  int checked = 0;
+  for (VLayout layout : kAllVLayouts) {
+    for (HeadGeometry g : geometries) {
+      if (std::optional<int64_t> k = ForcedKvHeads(layout, g.num_heads)) g.num_kv_heads = *k;
+      const int64_t hidden = layout == VLayout::kGpt2Conv1D ? g.num_heads * g.head_dim : 7;
+      int64_t rows = 0, cols = hidden;
+      switch (layout) {
+        case VLayout::kSeparate: rows = g.num_kv_heads * g.head_dim; break;
+        case VLayout::kPhi3Qkv: rows = (g.num_heads + 2 * g.num_kv_heads) * g.head_dim; break;
+        case VLayout::kGptNeoxQkv:
+        case VLayout::kFalconClassic: rows = 3 * g.num_heads * g.head_dim; break;
+        case VLayout::kFalconMultiQuery: rows = (g.num_heads + 2) * g.head_dim; break;
+        case VLayout::kFalconGrouped:
+          rows = g.num_kv_heads * (g.num_heads / g.num_kv_heads + 2) * g.head_dim;
+          break;
+        case VLayout::kGpt2Conv1D: rows = hidden; cols = 3 * hidden; break;
+      }
+      const Tensor t = MakeTensor(rows, cols);
+      const std::string what =
+          absl::StrCat(VLayoutName(layout), " H=", g.num_heads, " K=", g.num_kv_heads,
+                       " d=", g.head_dim);
+      absl::StatusOr<VViews> views = ViewV(t.view, layout, g);
+      absl::StatusOr<VSlices> slices = SliceV(t.view, layout, g);
+      ASSERT_TRUE(views.ok()) << what << ": " << views.status();
+      ASSERT_TRUE(slices.ok()) << what << ": " << slices.status();
+      const MatrixView& l = views->layer;
+      ASSERT_EQ(l.rows, slices->layer.rows) << what;
+      ASSERT_EQ(l.cols, slices->layer.cols) << what;
+      EXPECT_TRUE(PointsInto(l, t)) << what;
+      // Blocked exactly when SliceV had to copy.
+      EXPECT_EQ(l.block_rows != 0, !slices->gathered.empty()) << what;
+      if (l.block_rows != 0) {
+        EXPECT_EQ(l.block_rows, g.head_dim) << what;
+        EXPECT_EQ(l.rows % l.block_rows, 0) << what;
+      }
+      for (int64_t i = 0; i < l.rows; ++i) {
+        const int64_t row = l.block_rows == 0
+                                ? i * l.ld
+                                : (i / l.block_rows) * l.block_stride + (i % l.block_rows) * l.ld;
+        for (int64_t j = 0; j < l.cols; ++j) {
+          float got;
+          std::memcpy(&got, static_cast<const uint8_t*>(l.data) + (row + j) * sizeof(float),
+                      sizeof(got));
+          ASSERT_EQ(got, At(slices->layer, i, j)) << what << " layer row " << i << " col " << j;
+        }
+      }
+      ASSERT_EQ(views->heads.size(), slices->heads.size()) << what;
+      for (size_t h = 0; h < views->heads.size(); ++h) {
+        const MatrixView& vh = views->heads[h];
+        EXPECT_EQ(vh.block_rows, 0) << what;
+        EXPECT_TRUE(PointsInto(vh, t)) << what << " head " << h;
+        ASSERT_EQ(vh.rows, slices->heads[h].rows) << what;
+        ASSERT_EQ(vh.cols, slices->heads[h].cols) << what;
+        for (int64_t i = 0; i < vh.rows; ++i) {
+          for (int64_t j = 0; j < vh.cols; ++j) {
+            ASSERT_EQ(At(vh, i, j), At(slices->heads[h], i, j)) << what << " head " << h;
+          }
+        }
+      }
+      // The host gather of a blocked layer is SliceV's copy, byte for byte.
+      if (l.block_rows != 0) {
+        std::vector<uint8_t> gathered(slices->gathered.size());
+        GatherBlockedRows(l, gathered.data());
+        EXPECT_EQ(gathered, slices->gathered) << what;
+      }
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, static_cast<int>(std::size(kAllVLayouts) * std::size(geometries)));
+}
+
+// ViewV reads no byte of the tensor: an address that is not host memory
+// (a device pointer) gives the same views, offset for offset.
+TEST(ViewVTest, ComputesFromTheAddressAlone) {
+  const HeadGeometry g{4, 4, 2};
+  const Tensor t = MakeTensor(3 * 4 * 2, 5);
+  TensorView fake = t.view;
+  fake.data = reinterpret_cast<const void*>(uintptr_t{1} << 40);  // never mapped here
+  absl::StatusOr<VViews> real = ViewV(t.view, VLayout::kGptNeoxQkv, g);
+  absl::StatusOr<VViews> moved = ViewV(fake, VLayout::kGptNeoxQkv, g);
+  ASSERT_TRUE(real.ok() && moved.ok());
+  const auto offset = [](const MatrixView& m, const void* base) {
+    return static_cast<const uint8_t*>(m.data) - static_cast<const uint8_t*>(base);
+  };
+  EXPECT_EQ(offset(real->layer, t.view.data), offset(moved->layer, fake.data));
+  EXPECT_EQ(real->layer.block_stride, 3 * 2 * 5);
+  for (size_t h = 0; h < real->heads.size(); ++h) {
+    EXPECT_EQ(offset(real->heads[h], t.view.data), offset(moved->heads[h], fake.data));
+  }
 }
 
 }  // namespace

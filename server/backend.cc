@@ -64,7 +64,8 @@ class ModuleEngine : public Engine {
     std::vector<rvd_matrix> m(batch.size());
     for (size_t i = 0; i < batch.size(); ++i) {
       const MatrixView& v = batch[i];
-      m[i] = rvd_matrix{v.data, v.rows, v.cols, v.ld, static_cast<int32_t>(v.dtype), memory};
+      m[i] = rvd_matrix{v.data, v.rows, v.cols, v.ld, static_cast<int32_t>(v.dtype),
+                        memory, v.block_rows, v.block_stride};
     }
     const rvd_variant spec{variant.name.c_str(), variant.probes, variant.sketch_rank,
                            variant.seed, variant.hutch_plus_plus ? 1 : 0};

@@ -13,6 +13,11 @@
 // ~1e-15), flagged by the finalize kernel, are recomputed with the float64
 // SVD oracle.
 //
+// A device batch may hold blocked views (a V interleaved with Q and K in a
+// device tensor, v_layout.h ViewV): they are gathered on the engine's stream
+// into a buffer of the context (gather.cu), after the caller's event, and
+// computed there; plain views, per-head ones included, are read in place.
+//
 // A call's cancellation flag (CallOptions::cancel) is looked at before the
 // call starts, before each chunk is staged and before each variant launch
 // (Enqueue, and per matrix inside the variants that launch per matrix): a
@@ -38,6 +43,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/fused_plan.h"
+#include "kernels/cuda/gather.h"
 #include "kernels/cuda/kernel_registry.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/launch_policy.h"
@@ -132,6 +138,43 @@ absl::Status RepackUnaligned(Context& ctx, std::vector<MatrixView>& views) {
                                                cudaMemcpyDeviceToDevice, ctx.stream));
     v.data = dst;
     v.ld = lds[i];
+  }
+  return absl::OkStatus();
+}
+
+// Gathers the blocked views (MatrixView::block_rows: a V interleaved with Q
+// and K) among `views` into ctx.shared, rows padded to 16 bytes (the fused
+// kernel's fast loads), on ctx.stream, and points them there: afterwards
+// every view is one strided matrix. Other views are left where they are.
+// Returns how many were gathered in *gathered.
+absl::Status GatherBlocked(Context& ctx, std::vector<MatrixView>& views, int64_t* gathered) {
+  *gathered = 0;
+  std::vector<uint64_t> offset(views.size(), UINT64_MAX);
+  std::vector<int64_t> lds(views.size());
+  uint64_t total = 0;
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (views[i].block_rows == 0) continue;
+    offset[i] = total;
+    total += PackedBytes(views[i], &lds[i]);  // a multiple of 256
+  }
+  if (total == 0) return absl::OkStatus();
+  if (absl::Status s = ctx.shared.Reserve(ctx.cap, total, ctx.stream); !s.ok()) return s;
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (offset[i] == UINT64_MAX) continue;
+    MatrixView& v = views[i];
+    const int64_t es = static_cast<int64_t>(DTypeSize(v.dtype));
+    BlockedRowsCopy copy;
+    copy.src = v.data;
+    copy.dst = At<unsigned char>(ctx.shared.data(), offset[i]);
+    copy.rows = v.rows;
+    copy.row_bytes = v.cols * es;
+    copy.block_rows = v.block_rows;
+    copy.src_pitch = v.ld * es;
+    copy.block_stride_bytes = v.block_stride * es;
+    copy.dst_pitch = lds[i] * es;
+    RVD_CUDA_RETURN_IF_ERROR(LaunchGatherBlockedRows(copy, ctx.stream));
+    v = MatrixView{copy.dst, v.rows, v.cols, lds[i], v.dtype};
+    ++*gathered;
   }
   return absl::OkStatus();
 }
@@ -586,8 +629,17 @@ absl::Status CudaEngine::ComputePR(absl::Span<const MatrixView> batch,
 absl::Status CudaEngine::ComputePRDevice(absl::Span<const MatrixView> device_batch,
                                          const VariantSpec& variant, absl::Span<double> out,
                                          void* ready, const CallOptions& call) {
-  absl::StatusOr<VariantKind> kind = CheckCudaCall(device_batch, variant, out);
+  // A blocked view goes through the contract as the plain matrix it is
+  // gathered into, then its blocking is checked.
+  std::vector<MatrixView> views(device_batch.begin(), device_batch.end());
+  std::vector<MatrixView> plain = views;
+  for (MatrixView& v : plain) v.block_rows = v.block_stride = 0;
+  absl::StatusOr<VariantKind> kind = CheckCudaCall(plain, variant, out);
   if (!kind.ok()) return kind.status();
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (views[i].block_rows == 0) continue;
+    if (absl::Status s = ValidateBlockedView(views[i], i); !s.ok()) return s;
+  }
   if (absl::Status lost = DeviceLost(); !lost.ok()) return lost;
   if (CancelRequested(call)) return CallCancelled();
   if (device_batch.empty()) return absl::OkStatus();
@@ -595,6 +647,7 @@ absl::Status CudaEngine::ComputePRDevice(absl::Span<const MatrixView> device_bat
   std::unique_ptr<Variant> v = NewVariant(*kind, variant, Env(call));
   Context* ctx = Acquire(true);
   absl::Status status;
+  int64_t gathered = 0;
   {
     auto release = absl::MakeCleanup([&] { DrainAndRelease(ctx); });
     if (ready != nullptr) {
@@ -602,9 +655,12 @@ absl::Status CudaEngine::ComputePRDevice(absl::Span<const MatrixView> device_bat
           cudaStreamWaitEvent(ctx->stream, static_cast<cudaEvent_t>(ready), 0),
                                        "cudaStreamWaitEvent", __FILE__, __LINE__);
     }
-    std::vector<MatrixView> views(device_batch.begin(), device_batch.end());
+    // After the caller's event: the gather reads what the producer wrote.
+    if (status.ok() && v->Cancelled()) status = CallCancelled();
+    if (status.ok()) status = GatherBlocked(*ctx, views, &gathered);
     if (status.ok()) status = EnqueueAndCollect(*ctx, *v, *kind, views, out);
   }
+  if (status.ok() && gathered > 0) counters_->Event("device_gather", gathered);
   if (status.ok()) counters_->Served(v->served());
   return status;
 }

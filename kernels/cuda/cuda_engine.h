@@ -66,7 +66,8 @@ class CudaEngine : public Engine {
   // possibly an interprocess event; nullptr: no wait) and returns when `out`
   // is written. Views need 2-byte (f16/bf16) or 4-byte (f32) aligned data;
   // the fused kernel's fast loads need 16-byte aligned rows, others take a
-  // slower path.
+  // slower path. A blocked view (MatrixView::block_rows) is gathered on the
+  // device first (counted as event "device_gather").
   absl::Status ComputePRDevice(absl::Span<const MatrixView> device_batch,
                                const VariantSpec& variant, absl::Span<double> out,
                                void* ready, const CallOptions& call) override;

@@ -34,6 +34,7 @@
 #include "kernels/engine.h"
 #include "kernels/pr_check.h"
 #include "kernels/test_matrices.h"
+#include "kernels/v_layout.h"
 
 namespace rvd::cuda {
 namespace {
@@ -904,9 +905,10 @@ TEST_F(CudaEngineTest, CheckerCatchesMutantKernel) {
 // Cancellation (CallOptions::cancel) of a chunked host call: the engine looks
 // at the flag before each chunk and each launch, so a call cancelled a
 // quarter of the way through ends long before its full time, serves nothing,
-// and leaves the engine serving the next call as before. 24 distinct f32
-// 1024 x 4096 matrices under a 64 MiB cap over 2 streams (a 16 MiB budget:
-// one matrix per chunk), on `naive` (a cuSOLVER SVD per matrix, tens of ms).
+// and leaves the engine serving the next call as before. 48 distinct f32
+// 512 x 4096 matrices under a 128 MiB cap over 4 streams (a 16 MiB budget:
+// two matrices per chunk, 24 chunks), on `naive` (a cuSOLVER SVD per
+// matrix).
 int64_t ServedTotal(const EngineStats& s) {
   int64_t n = 0;
   for (const auto& [path, count] : s.served) n += count;
@@ -915,19 +917,23 @@ int64_t ServedTotal(const EngineStats& s) {
 
 TEST_F(CudaEngineTest, CancelledChunkedCallStopsEarly) {
   CudaEngineOptions o;
-  o.max_device_bytes = 64ull << 20;
-  o.streams = 2;
+  o.max_device_bytes = 128ull << 20;
+  o.streams = 4;
   std::unique_ptr<CudaEngine> small = MakeEngine(o);
   ASSERT_NE(small, nullptr);
   const StoredMatrix m =
-      Store(MakeMatrix(rng_, 1024, 4096, Spectrum::kGaussian), 1024, 4096, DType::kF32, 0, "g");
-  constexpr int kCount = 24;
+      Store(MakeMatrix(rng_, 512, 4096, Spectrum::kGaussian), 512, 4096, DType::kF32, 0, "g");
+  constexpr int kCount = 48;
   // Distinct copies: views sharing bytes would take the one-upload path.
   std::vector<std::vector<uint8_t>> copies(kCount, m.bytes);
   std::vector<MatrixView> views(kCount, m.view);
   for (int i = 0; i < kCount; ++i) views[i].data = copies[i].data();
   VariantSpec v;
   v.name = "naive";
+  // Warm-up (handles, workspaces), so that the timed call is the steady one.
+  std::vector<double> warm = Poisoned(2);
+  ASSERT_TRUE(small->ComputePR(absl::MakeConstSpan(views).subspan(0, 2), v,
+                               absl::MakeSpan(warm)).ok());
 
   std::vector<double> full = Poisoned(kCount);
   auto t0 = std::chrono::steady_clock::now();
@@ -952,7 +958,8 @@ TEST_F(CudaEngineTest, CancelledChunkedCallStopsEarly) {
   std::printf("full call %.3f s; cancelled at %.3f s, returned at %.3f s\n", full_s, full_s / 4,
               cancelled_s);
   EXPECT_TRUE(absl::IsCancelled(s)) << s;
-  // The flag at 1/4; one chunk in flight per context finishes after it.
+  // The flag at 1/4; a chunk in flight per context (1/24 each) finishes
+  // after it.
   EXPECT_LT(cancelled_s, 0.6 * full_s);
   const EngineStats after = small->Stats();
   EXPECT_EQ(ServedTotal(after), ServedTotal(before)) << "a cancelled call serves nothing";
@@ -974,6 +981,81 @@ TEST_F(CudaEngineTest, CancelledChunkedCallStopsEarly) {
   EXPECT_TRUE(absl::IsCancelled(small->ComputePRDevice(d.views, v, absl::MakeSpan(one), nullptr,
                                                        call)));
   EXPECT_TRUE(std::isnan(one[0]));
+}
+
+// gpt_neox stores each head's V between its Q and K rows ([H][3][d] rows of
+// a [3 H d, D] tensor), so a layer's V in a device tensor is no strided
+// matrix: ViewV gives a blocked view of it, which the engine gathers on the
+// device (one "device_gather" per call: the heads are plain views, read in
+// place). Each PR must equal the host path's (SliceV's copy through
+// ComputePR) within 2e-6 and the float64 oracle within the exact
+// tolerance; rows of 16-byte multiples and odd rows (the 2-byte gather)
+// alike, on fused and algebraic.
+TEST_F(CudaEngineTest, GptNeoxLayerVFromADeviceFusedTensorMatchesTheHostPath) {
+  struct Case {
+    DType dtype;
+    HeadGeometry g;
+    int64_t hidden;
+  };
+  const Case cases[] = {{DType::kF32, {16, 16, 64}, 1024},
+                        {DType::kBF16, {16, 16, 64}, 1024},
+                        {DType::kBF16, {4, 4, 24}, 1001},
+                        {DType::kF16, {8, 8, 32}, 515}};
+  for (const Case& c : cases) {
+    const int64_t rows = 3 * c.g.num_heads * c.g.head_dim;
+    const StoredMatrix t = Store(MakeMatrix(rng_, rows, c.hidden, Spectrum::kPowerLaw), rows,
+                                 c.hidden, c.dtype, 0, "gpt_neox qkv");
+    const std::string what = absl::StrCat(DTypeName(c.dtype), " H=", c.g.num_heads,
+                                          " d=", c.g.head_dim, " D=", c.hidden);
+    absl::StatusOr<VSlices> host =
+        SliceV(TensorView{t.bytes.data(), rows, c.hidden, c.dtype}, VLayout::kGptNeoxQkv, c.g);
+    ASSERT_TRUE(host.ok()) << host.status();
+    std::vector<MatrixView> host_views = {host->layer};
+    host_views.insert(host_views.end(), host->heads.begin(), host->heads.end());
+    std::vector<double> ref;
+    for (const MatrixView& v : host_views) ref.push_back(*OraclePR(v));
+
+    void* d_tensor = nullptr;
+    ASSERT_EQ(cudaMalloc(&d_tensor, t.bytes.size()), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(d_tensor, t.bytes.data(), t.bytes.size(), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    absl::StatusOr<VViews> dev =
+        ViewV(TensorView{d_tensor, rows, c.hidden, c.dtype}, VLayout::kGptNeoxQkv, c.g);
+    ASSERT_TRUE(dev.ok()) << dev.status();
+    ASSERT_EQ(dev->layer.block_rows, c.g.head_dim) << what << ": the layer is a blocked view";
+    std::vector<MatrixView> dev_views = {dev->layer};
+    dev_views.insert(dev_views.end(), dev->heads.begin(), dev->heads.end());
+
+    for (const char* name : {"fused", "algebraic"}) {
+      VariantSpec v;
+      v.name = name;
+      std::vector<double> by_host = Poisoned(host_views.size());
+      ASSERT_TRUE(engine_->ComputePR(host_views, v, absl::MakeSpan(by_host)).ok()) << what;
+      const int64_t gathers = engine_->Stats().events["device_gather"];
+      std::vector<double> by_device = Poisoned(dev_views.size());
+      const absl::Status s =
+          engine_->ComputePRDevice(dev_views, v, absl::MakeSpan(by_device), nullptr);
+      ASSERT_TRUE(s.ok()) << what << " " << name << ": " << s;
+      EXPECT_EQ(engine_->Stats().events["device_gather"], gathers + 1) << what << " " << name;
+      for (size_t i = 0; i < dev_views.size(); ++i) {
+        const std::string which = i == 0 ? "layer" : absl::StrCat("head ", i - 1);
+        EXPECT_TRUE(WithinTolerance(by_device[i], by_host[i], Tolerance{0.0, 2e-6}))
+            << what << " " << name << " " << which << ": device " << by_device[i] << " host "
+            << by_host[i];
+        EXPECT_TRUE(WithinTolerance(by_device[i], ref[i], kExactPrTolerance))
+            << what << " " << name << " " << which << ": device " << by_device[i]
+            << " oracle " << ref[i];
+      }
+    }
+    // The host path refuses a blocked view: its rows are not where a plain
+    // view says (Q and K rows sit between them).
+    MatrixView blocked_on_host = dev->layer;
+    blocked_on_host.data = host->layer.data;
+    std::vector<double> one = Poisoned(1);
+    EXPECT_TRUE(absl::IsInvalidArgument(
+        engine_->ComputePR({blocked_on_host}, {}, absl::MakeSpan(one))));
+    cudaFree(d_tensor);
+  }
 }
 
 }  // namespace

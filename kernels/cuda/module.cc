@@ -78,7 +78,8 @@ int32_t Compute(rvd_cuda_engine* h, const rvd_matrix* batch, size_t n,
       return status->code;
     }
     device = m.memory == RVD_MEMORY_DEVICE;
-    views[i] = rvd::MatrixView{m.data, m.rows, m.cols, m.ld, static_cast<rvd::DType>(m.dtype)};
+    views[i] = rvd::MatrixView{m.data, m.rows, m.cols, m.ld, static_cast<rvd::DType>(m.dtype),
+                               m.block_rows, m.block_stride};
   }
   rvd::VariantSpec spec;
   if (variant != nullptr) {
