@@ -7,10 +7,13 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda_module.h"
 
 namespace rvd {
 namespace {
@@ -43,6 +46,43 @@ TEST(CudaModule, SameAbiWithoutDeviceIsUnavailable) {
   EXPECT_EQ(e.status().code(), absl::StatusCode::kUnavailable) << e.status();
   EXPECT_THAT(e.status().message(), HasSubstr("fake module: no CUDA device"));
   EXPECT_EQ(CreatedCount(path), 1);
+}
+
+// What ModuleEngine hands the module (ABI 3): each matrix's shape, memory
+// kind and blocking (a blocked device view: block_rows, block_stride), the
+// caller's event and its cancellation flag, through the fake's echo engine.
+TEST(CudaModule, CallsCarryBlockingEventAndCancellationAcrossTheTable) {
+  CudaEngineOptions o;
+  o.device = 7;  // the fake's echo engine
+  absl::StatusOr<std::unique_ptr<Engine>> e = LoadCudaModule(Fake("libfake_cuda_abi_ok.so"), o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ((*e)->Version(), "fake-echo-1");
+  const float w[12] = {};
+  MatrixView blocked{w, 4, 1, 1, DType::kF32};
+  blocked.block_rows = 2;
+  blocked.block_stride = 3;
+  std::vector<double> out(2);
+  int event = 0;  // any non-null pointer stands for a cudaEvent_t here
+  ASSERT_TRUE((*e)->ComputePRDevice({MatrixView{w, 3, 4, 4, DType::kF32}, blocked}, {},
+                                    absl::MakeSpan(out), &event)
+                  .ok());
+  EXPECT_EQ(out[0], 3 + 1000 * RVD_MEMORY_DEVICE + 0.5);
+  EXPECT_EQ(out[1], 4 + 1000 * RVD_MEMORY_DEVICE + 2e6 + 1e9 + 0.5);
+  ASSERT_TRUE((*e)->ComputePR({MatrixView{w, 3, 4, 4, DType::kF32}}, {},
+                              absl::MakeSpan(out).subspan(0, 1))
+                  .ok());
+  EXPECT_EQ(out[0], 3 + 1000 * RVD_MEMORY_HOST);
+  std::atomic<bool> cancel{true};
+  CallOptions call;
+  call.cancel = &cancel;
+  const absl::Status s = (*e)->ComputePR({MatrixView{w, 3, 4, 4, DType::kF32}}, {},
+                                         absl::MakeSpan(out).subspan(0, 1), call);
+  EXPECT_TRUE(absl::IsCancelled(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("fake module: cancelled"));
+  cancel = false;
+  EXPECT_TRUE((*e)->ComputePRDevice({blocked}, {}, absl::MakeSpan(out).subspan(0, 1), nullptr,
+                                    call)
+                  .ok());
 }
 
 TEST(CudaModule, MissingFileIsUnavailable) {
