@@ -18,6 +18,13 @@ set_target_properties(rvd_proto PROPERTIES EXPORT_NAME proto)
 set_target_properties(rvd_kernels PROPERTIES EXPORT_NAME kernels)
 set_target_properties(rvd_openblas PROPERTIES EXPORT_NAME openblas)
 
+# A package built with sanitizers (make asan) is instrumented code: whatever
+# links it needs the sanitizer runtimes too.
+if(RVD_SANITIZE)
+  target_link_options(rvd_client INTERFACE
+                      $<INSTALL_INTERFACE:-fsanitize=${RVD_SANITIZE}>)
+endif()
+
 install(TARGETS rvd rvctl RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS rvd_client rvd_proto rvd_kernels rvd_openblas
         EXPORT rvdTargets
