@@ -1,16 +1,17 @@
 """rvd: the Python client of the rvd daemon (R_V and PR of transformer V
 projections). See client/python/README.md.
 
-Without torch: Client (measure, history, latest, models, watch), Tensor,
+Without torch: Client (measure, history, latest, models, watch,
+watch_alerts), Tensor, AlertWatch, AlertEvent,
 Measurement, Gap, ModelSummary, RvdError, compute_pr_algebraic.
 With torch (imported on first use): RVMonitor, RVMeasurement,
 MeasuredLinear, replace_v_proj_layers, and MODEL_V_PROJ_PATHS (the
 architecture registry, from config/architectures.yaml).
 """
-from .client import Client, Tensor, Watch
+from .client import AlertWatch, Client, Tensor, Watch
 from .errors import RvdError
 from .pr import compute_pr_algebraic
-from .types import Gap, Measurement, ModelSummary, RVMeasurement
+from .types import AlertEvent, Gap, Measurement, ModelSummary, RVMeasurement
 
 __version__ = "0.1.0"
 
@@ -33,6 +34,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'rvd' has no attribute {name!r}")
 
 
-__all__ = ["Client", "Tensor", "Watch", "RvdError", "compute_pr_algebraic",
+__all__ = ["Client", "Tensor", "Watch", "AlertWatch", "AlertEvent",
+           "RvdError", "compute_pr_algebraic",
            "Gap", "Measurement", "ModelSummary", "RVMeasurement",
            *_LAZY]

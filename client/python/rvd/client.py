@@ -18,7 +18,7 @@ import numpy as np
 
 from ._stubs import rvd_pb2, rvd_pb2_grpc
 from .errors import RvdError
-from .types import Gap, Measurement, ModelSummary
+from .types import AlertEvent, Gap, Measurement, ModelSummary
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 
@@ -153,6 +153,24 @@ class Watch:
         self.cancel()
 
 
+class AlertWatch(Watch):
+    """An open WatchAlerts stream: iterate for AlertEvent and Gap events (in
+    rvd's alert sequence order), e.g. to checkpoint or lower the learning
+    rate when an alert fires; cancel() ends it."""
+
+    def __iter__(self):
+        try:
+            for event in self._call:
+                if event.HasField("gap"):
+                    yield Gap.from_proto(event.gap)
+                else:
+                    yield AlertEvent.from_proto(event.alert)
+        except grpc.RpcError as e:
+            if self._cancelled and e.code() == grpc.StatusCode.CANCELLED:
+                return
+            raise RvdError.from_rpc(e, "WatchAlerts") from None
+
+
 class Client:
     """A connection to rvd at `address` (HOST:PORT; default $RVD_ADDRESS, else
     127.0.0.1:50051). timeout: seconds each unary call may take (None: no
@@ -272,3 +290,14 @@ class Client:
         if after_sequence is not None:
             request.after_sequence = after_sequence
         return Watch(self._stub.WatchMeasurements(request))
+
+    def watch_alerts(self, model_id="",
+                     after_sequence: Optional[int] = None) -> AlertWatch:
+        """A stream of the alert events of one model ("": every model):
+        first those kept with sequence > after_sequence (when given), then
+        each new one (pending, firing, resolved, ...); Gap events where rvd
+        skipped some."""
+        request = rvd_pb2.WatchAlertsRequest(model_id=model_id)
+        if after_sequence is not None:
+            request.after_sequence = after_sequence
+        return AlertWatch(self._stub.WatchAlerts(request))

@@ -65,6 +65,50 @@ class Gap:
 
 
 @dataclass
+class AlertEvent:
+    """One change of state of an alert rule for a model (rvd.v1.AlertEvent).
+
+    state and previous_state: "inactive" | "pending" | "firing" |
+    "resolved". since: Unix seconds the state began (the measurement's
+    timestamp). value: R_V or the layer's PR; observed: what was compared
+    with threshold (the value, the drop fraction, the change); baseline:
+    the drop rule's baseline (else 0). measurement_sequence and step: the
+    measurement that caused it (0 for an event of a reload).
+    """
+    sequence: int
+    alert: str
+    model_id: str
+    state: str
+    previous_state: str
+    since: float
+    value: float
+    observed: float
+    threshold: float
+    baseline: float
+    measurement_sequence: int
+    step: int
+    severity: str
+    labels: Dict[str, str]
+    annotations: Dict[str, str]
+    description: str
+
+    @classmethod
+    def from_proto(cls, a):
+        from ._stubs import rvd_pb2
+
+        def state(s):
+            return rvd_pb2.AlertState.Name(s)[len("ALERT_STATE_"):].lower()
+        return cls(
+            sequence=a.sequence, alert=a.alert, model_id=a.model_id,
+            state=state(a.state), previous_state=state(a.previous_state),
+            since=_timestamp(a.since), value=a.value, observed=a.observed,
+            threshold=a.threshold, baseline=a.baseline,
+            measurement_sequence=a.measurement_sequence, step=a.step,
+            severity=a.severity, labels=dict(a.labels),
+            annotations=dict(a.annotations), description=a.description)
+
+
+@dataclass
 class ModelSummary:
     model_id: str
     measurements: int  # measurements rvd keeps of this model
