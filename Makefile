@@ -29,7 +29,7 @@ DEBIAN_PACKAGES := cmake g++ make pkg-config \
   libcurl4-openssl-dev libcivetweb-dev libcli11-dev prometheus \
   python3-grpcio python3-protobuf python3-numpy python3-pytest python3-yaml \
   python3-torch python3-venv \
-  clang libclang-rt-14-dev \
+  clang libclang-rt-14-dev libsqlite3-dev \
   libssl-dev openssl
 
 .PHONY: deps build run test asan tsan fuzz bench clean

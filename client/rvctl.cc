@@ -3,6 +3,9 @@
 //   rvctl [--address HOST:PORT] measure PATH --model-id ID [--step N]
 //         [--early A-B] [--late A-B] [--per-head] [--variant NAME] [--json]
 //   rvctl history ID [--limit N] [--json|--csv]
+//         [--from-step N] [--to-step N] [--since T] [--until T]
+//         [--format text|json|csv]
+//   rvctl delete ID
 //   rvctl latest ID [--json]
 //   rvctl models [--json]
 //   rvctl watch [ID] [--after SEQ] [--alerts-after SEQ] [--noalerts] [--json]
@@ -33,6 +36,8 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -94,6 +99,16 @@ ABSL_FLAG(int64_t, alerts_after, -1,
           "kept), then new ones; -1: new ones only");
 ABSL_FLAG(bool, json, false, "print JSON");
 ABSL_FLAG(bool, csv, false, "history: print CSV");
+ABSL_FLAG(std::string, from_step, "", "history: only steps >= N");
+ABSL_FLAG(std::string, to_step, "", "history: only steps <= N");
+ABSL_FLAG(std::string, since, "",
+          "history: only measurements at or after T (RFC 3339, e.g. "
+          "2026-01-02T03:04:05Z, or Unix seconds)");
+ABSL_FLAG(std::string, until, "", "history: only measurements before T");
+ABSL_FLAG(std::string, format, "",
+          "history: text | json | csv. With it, or a range flag, and no "
+          "--limit: every matching measurement rvd retains (on disk with "
+          "data_dir), oldest first, fetched page by page");
 
 namespace {
 
@@ -325,6 +340,131 @@ int History(rvd::RvdClient& client, const std::string& model_id) {
   return 0;
 }
 
+// --since/--until: RFC 3339 or Unix seconds.
+absl::Status ParseTimeFlag(const char* flag, const std::string& text,
+                           google::protobuf::Timestamp* out) {
+  int64_t seconds = 0;
+  if (absl::SimpleAtoi(text, &seconds)) {
+    out->set_seconds(seconds);
+    return absl::OkStatus();
+  }
+  absl::Time t;
+  std::string err;
+  if (!absl::ParseTime(absl::RFC3339_full, text, &t, &err)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, " \"", text, "\": not RFC 3339 time or Unix seconds (",
+        err, ")"));
+  }
+  const absl::Time whole = absl::FromUnixSeconds(absl::ToUnixSeconds(t));
+  out->set_seconds(absl::ToUnixSeconds(t));
+  out->set_nanos(static_cast<int32_t>((t - whole) / absl::Nanoseconds(1)));
+  return absl::OkStatus();
+}
+
+bool HasRangeFlags() {
+  return !absl::GetFlag(FLAGS_from_step).empty() ||
+         !absl::GetFlag(FLAGS_to_step).empty() ||
+         !absl::GetFlag(FLAGS_since).empty() ||
+         !absl::GetFlag(FLAGS_until).empty() ||
+         !absl::GetFlag(FLAGS_format).empty();
+}
+
+// history with ranges or --format: GetHistory's range fields; without
+// --limit, every match, page by page (after_sequence), printed as it comes.
+int HistoryRange(rvd::RvdClient& client, const std::string& model_id) {
+  rvd::v1::GetHistoryRequest request;
+  request.set_model_id(model_id);
+  const std::pair<const char*, const std::string> steps[] = {
+      {"from-step", absl::GetFlag(FLAGS_from_step)},
+      {"to-step", absl::GetFlag(FLAGS_to_step)}};
+  for (const auto& [flag, text] : steps) {
+    if (text.empty()) continue;
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(text, &v)) {
+      return Usage(absl::StrCat("--", flag, " takes an integer step"));
+    }
+    if (flag == steps[0].first) {
+      request.set_from_step(v);
+    } else {
+      request.set_to_step(v);
+    }
+  }
+  if (const std::string t = absl::GetFlag(FLAGS_since); !t.empty()) {
+    if (absl::Status s = ParseTimeFlag("since", t, request.mutable_since());
+        !s.ok()) {
+      return Usage(std::string(s.message()));
+    }
+  }
+  if (const std::string t = absl::GetFlag(FLAGS_until); !t.empty()) {
+    if (absl::Status s = ParseTimeFlag("until", t, request.mutable_until());
+        !s.ok()) {
+      return Usage(std::string(s.message()));
+    }
+  }
+  std::string format = absl::GetFlag(FLAGS_format);
+  if (format.empty()) {
+    format = absl::GetFlag(FLAGS_json) ? "json"
+             : absl::GetFlag(FLAGS_csv) ? "csv"
+                                        : "text";
+  }
+  if (format != "text" && format != "json" && format != "csv") {
+    return Usage("--format is text, json or csv");
+  }
+  const uint32_t limit = absl::GetFlag(FLAGS_limit);
+  const bool paging = limit == 0;
+  if (paging) {
+    request.set_after_sequence(0);
+  } else {
+    request.set_limit(limit);
+  }
+  if (format == "json") std::printf("[");
+  if (format == "csv") {
+    std::printf(
+        "model_id,step,timestamp,rv,variant,backend,elapsed_ms,sequence,"
+        "layer_pr\n");
+  }
+  bool first = true;
+  while (true) {
+    absl::StatusOr<rvd::v1::GetHistoryResponse> page =
+        client.GetHistoryPage(request);
+    if (!page.ok()) {
+      if (format == "json") std::printf("]\n");
+      return Fail(page.status());
+    }
+    for (const Measurement& m : page->measurements()) {
+      if (format == "json") {
+        std::printf("%s\n%s", first ? "" : ",", ToJson(m).dump().c_str());
+      } else if (format == "csv") {
+        std::string layers;
+        for (const rvd::v1::LayerPR& l : m.layers()) {
+          absl::StrAppend(&layers, layers.empty() ? "" : ";", l.layer(), ":",
+                          absl::StrFormat("%.17g", l.pr()));
+        }
+        std::printf("%s,%lld,%s,%s,%s,%s,%.6f,%llu,%s\n",
+                    m.model_id().c_str(), static_cast<long long>(m.step()),
+                    Timestamp(m).c_str(),
+                    m.has_rv() ? absl::StrFormat("%.17g", m.rv()).c_str() : "",
+                    m.variant().c_str(), m.backend().c_str(), m.elapsed_ms(),
+                    static_cast<unsigned long long>(m.sequence()),
+                    layers.c_str());
+      } else {
+        std::printf("%s  seq %-8llu step %-10lld R_V %-12s %s/%s %.3f ms\n",
+                    Timestamp(m).c_str(),
+                    static_cast<unsigned long long>(m.sequence()),
+                    static_cast<long long>(m.step()), RvText(m).c_str(),
+                    m.variant().c_str(), m.backend().c_str(), m.elapsed_ms());
+      }
+      first = false;
+    }
+    if (!paging || !page->more() || page->measurements().empty()) break;
+    request.set_after_sequence(
+        page->measurements(page->measurements_size() - 1).sequence());
+  }
+  if (format == "json") std::printf("%s]\n", first ? "" : "\n");
+  std::fflush(stdout);
+  return 0;
+}
+
 int Models(rvd::RvdClient& client) {
   absl::StatusOr<std::vector<rvd::v1::ModelSummary>> models =
       client.ListModels();
@@ -552,6 +692,9 @@ int main(int argc, char** argv) {
       "[--json]\n"
       "        [--arch TYPE --num-heads H --num-kv-heads K --head-dim D]\n"
       "  rvctl history ID [--limit N] [--json|--csv]\n"
+      "        [--from-step N] [--to-step N] [--since T] [--until T] "
+      "[--format text|json|csv]\n"
+      "  rvctl delete ID\n"
       "  rvctl latest ID [--json]\n"
       "  rvctl models [--json]\n"
       "  rvctl watch [ID] [--after SEQ] [--alerts-after SEQ] [--noalerts] "
@@ -580,7 +723,16 @@ int main(int argc, char** argv) {
   }
   if (command == "history") {
     if (arg.empty()) return Usage("history needs a model id");
+    if (HasRangeFlags()) return HistoryRange(client, arg);
     return History(client, arg);
+  }
+  if (command == "delete") {
+    if (arg.empty()) return Usage("delete needs a model id");
+    absl::StatusOr<uint64_t> n = client.DeleteModelHistory(arg);
+    if (!n.ok()) return Fail(n.status());
+    std::printf("deleted %llu measurements of model %s\n",
+                static_cast<unsigned long long>(*n), arg.c_str());
+    return 0;
   }
   if (command == "latest") {
     if (arg.empty()) return Usage("latest needs a model id");

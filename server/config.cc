@@ -27,6 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "CLI/CLI.hpp"
 #include "kernels/engine.h"
+#include "server/sqlite_store.h"
 #include "server/security.h"
 #include "yaml-cpp/yaml.h"
 
@@ -164,8 +165,16 @@ const KeyReader kKeys[] = {
      "HOST:PORT of http://HOST:PORT/metrics; \"\" turns metrics off"},
     {"backend", &Config::backend, "auto | cpu | cuda"},
     {"data_dir", &Config::data_dir,
-     "data directory; accepted but NOT USED YET (the durable history will "
-     "keep its log here)"},
+     "directory of the durable history (rvd.db); must exist and be "
+     "writable; \"\": history in memory only"},
+    {"store_sync", &Config::store_sync,
+     "when a stored measurement is fsynced: record (each, before the reply) "
+     "| <N>ms (every N ms) | off (by the OS)"},
+    {"retention_per_model", &Config::retention_per_model,
+     "measurements kept on disk per model (0: no bound; else >= "
+     "history_capacity)"},
+    {"retention_max_age_seconds", &Config::retention_max_age_seconds,
+     "measurements older than this are deleted from disk (0: kept)"},
     {"log_level", &Config::log_level,
      "trace | debug | info | warn | error | critical | off"},
     {"history_capacity", &Config::history_capacity,
@@ -384,6 +393,23 @@ absl::Status ValidateConfig(const Config& config) {
   }
   if (config.max_models < 1) {
     errors.push_back("config key 'max_models': must be >= 1");
+  }
+  if (absl::StatusOr<StoreOptions> sync = ParseStoreSync(config.store_sync);
+      !sync.ok()) {
+    errors.push_back(
+        absl::StrCat("config key 'store_sync': ", sync.status().message()));
+  }
+  if (config.retention_per_model != 0 &&
+      config.retention_per_model < config.history_capacity) {
+    errors.push_back(absl::StrCat(
+        "config key 'retention_per_model': must be 0 (no bound) or >= "
+        "history_capacity (", config.history_capacity, ")"));
+  }
+  if (!std::isfinite(config.retention_max_age_seconds) ||
+      config.retention_max_age_seconds < 0) {
+    errors.push_back(
+        "config key 'retention_max_age_seconds': must be a finite number >= 0 "
+        "(0: no age bound)");
   }
   if (config.engine_threads < 0) {
     errors.push_back(

@@ -17,8 +17,18 @@ struct Config {
   std::string grpc_address = "127.0.0.1:50051";
   std::string metrics_address = "127.0.0.1:9464";  // empty: no /metrics
   std::string backend = "auto";                    // auto | cpu | cuda
-  std::string data_dir = "/var/lib/rvd";  // accepted, not used yet (durable
-                                          // history will keep its log here)
+  // The durable history's directory (rvd.db, SQLite): it must exist and be
+  // writable. Empty: history in memory only, lost at restart.
+  std::string data_dir;
+  // When an acknowledged measurement reaches the disk itself (it is
+  // committed before the call returns in every mode, so it survives a crash
+  // of rvd): "record" (fsync per commit, the default), "<N>ms" (an fsync
+  // every N ms: a power loss loses at most N ms), "off" (left to the OS).
+  std::string store_sync = "record";
+  // Kept on disk per model: the newest N (0: no bound; else >=
+  // history_capacity) and none older than the age (0: no bound).
+  uint64_t retention_per_model = 100000;
+  double retention_max_age_seconds = 0;
   std::string log_level = "info";                  // spdlog level name
   uint32_t history_capacity = 1000;     // measurements kept per model
   uint32_t max_models = 10000;          // distinct model ids kept

@@ -24,7 +24,8 @@ TEST(ConfigTest, EmptyTextGivesDefaults) {
     EXPECT_EQ(c->grpc_address, d.grpc_address);
     EXPECT_EQ(c->metrics_address, d.metrics_address);
     EXPECT_EQ(c->backend, "auto");
-    EXPECT_EQ(c->data_dir, "/var/lib/rvd");
+    EXPECT_EQ(c->data_dir, "");
+    EXPECT_EQ(c->store_sync, "record");
     EXPECT_EQ(c->log_level, "info");
     EXPECT_EQ(c->history_capacity, 1000u);
     EXPECT_EQ(c->max_models, 10000u);
@@ -341,7 +342,7 @@ TEST(CommandLineTest, BadValuesAreErrorsThatNameTheFlag) {
   }
 }
 
-TEST(CommandLineTest, HelpListsEveryFlagAndSaysDataDirIsUnused) {
+TEST(CommandLineTest, HelpListsEveryFlagAndWhatDataDirHolds) {
   absl::StatusOr<CommandLine> cl = Parse({"--help"});
   ASSERT_TRUE(cl.ok()) << cl.status();
   EXPECT_TRUE(cl->exit_now);
@@ -352,10 +353,27 @@ TEST(CommandLineTest, HelpListsEveryFlagAndSaysDataDirIsUnused) {
         "--max-request-bytes", "--max-buffered-bytes",
         "--stream-idle-timeout-seconds", "--per-head-metrics",
         "--rv-alert-threshold", "--default-variant", "--cuda-device",
-        "--cuda-streams", "--cuda-max-device-bytes", "SIGHUP"}) {
+        "--cuda-streams", "--cuda-max-device-bytes", "--store-sync",
+        "--retention-per-model", "--retention-max-age-seconds", "SIGHUP"}) {
     EXPECT_THAT(cl->text, HasSubstr(flag));
   }
-  EXPECT_THAT(cl->text, HasSubstr("NOT USED YET"));
+  EXPECT_THAT(cl->text, HasSubstr("durable history"));
+}
+
+TEST(ConfigTest, StoreKeysAreValidated) {
+  Config c;
+  c.store_sync = "100ms";
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
+  c.store_sync = "sometimes";
+  EXPECT_THAT(ValidateConfig(c).message(), HasSubstr("store_sync"));
+  c = Config();
+  c.retention_per_model = c.history_capacity - 1;
+  EXPECT_THAT(ValidateConfig(c).message(), HasSubstr("retention_per_model"));
+  c.retention_per_model = 0;  // no bound
+  EXPECT_TRUE(ValidateConfig(c).ok());
+  c.retention_max_age_seconds = -1;
+  EXPECT_THAT(ValidateConfig(c).message(),
+              HasSubstr("retention_max_age_seconds"));
 }
 
 TEST(HostPortTest, OneParserForEveryAddress) {

@@ -42,7 +42,16 @@ absl::StatusOr<std::optional<BusEvent>> Watch::Next() {
         return std::optional<BusEvent>(gap);
       }
     }
-    MeasurementLog::Entry e = page_[page_next_++];
+    MeasurementLog::Entry e = page_[page_next_];
+    // A number the log skips (a deleted model, the durable log's retention)
+    // is reported, as one below the first entry is.
+    if (e->sequence() > cursor_ + 1) {
+      GapMarker gap{cursor_ + 1, e->sequence() - 1, 0,
+                    GapMarker::Reason::kNotRetained};
+      cursor_ = e->sequence() - 1;
+      return std::optional<BusEvent>(gap);
+    }
+    ++page_next_;
     cursor_ = e->sequence();
     if (sub_->Matches(e->model_id())) return std::optional<BusEvent>(e);
   }
@@ -80,6 +89,29 @@ absl::StatusOr<MeasurementLog::Entry> History::Add(rvd::v1::Measurement m) {
   bus_.Publish(*e);
   if (on_append_) on_append_(*e);
   return e;
+}
+
+size_t History::Restore(const std::vector<MeasurementLog::Entry>& entries) {
+  absl::MutexLock lock(&append_mu_);
+  size_t left_out = 0;
+  for (const MeasurementLog::Entry& e : entries) {
+    if (!index_.Reserve(e->model_id()).ok() || !index_.Insert(e).ok()) {
+      ++left_out;
+    }
+  }
+  return left_out;
+}
+
+absl::StatusOr<uint64_t> History::DeleteModel(const std::string& model_id) {
+  absl::MutexLock lock(&append_mu_);
+  absl::StatusOr<uint64_t> n = log_->DeleteModel(model_id);
+  if (!n.ok()) return n.status();
+  const bool indexed = index_.Remove(model_id);
+  if (*n == 0 && !indexed) {
+    return absl::NotFoundError(
+        absl::StrCat("no measurements of model '", model_id, "'"));
+  }
+  return n;
 }
 
 absl::StatusOr<std::unique_ptr<Watch>> History::Subscribe(

@@ -97,6 +97,17 @@ class History {
   // the log's error; on error nothing is stored or published.
   absl::StatusOr<MeasurementLog::Entry> Add(rvd::v1::Measurement m);
 
+  // At start, with a durable log: puts `entries` (sequence order, already
+  // in the log) into the index, publishing nothing. A model beyond
+  // max_models is left out; returns how many entries were left out.
+  size_t Restore(const std::vector<MeasurementLog::Entry>& entries);
+
+  // Removes a model's measurements from the log and the index
+  // (DeleteModelHistory); returns how many the log held. NOT_FOUND when
+  // neither knew the model. Watchers are not told; a resumed watch reports
+  // the removed numbers as not retained.
+  absl::StatusOr<uint64_t> DeleteModel(const std::string& model_id);
+
   // A watch of `model_id` ("": every model). Without `after_sequence` it
   // sees only measurements added after this call; with it, first the
   // retained measurements whose sequence is above it (oldest first, a

@@ -98,6 +98,9 @@ class FailingLog final : public MeasurementLog {
                                           size_t) const override {
     return std::vector<Entry>();
   }
+  absl::StatusOr<uint64_t> DeleteModel(const std::string&) override {
+    return 0;
+  }
 };
 
 TEST(HistoryTest, LogFailureStoresAndPublishesNothing) {

@@ -1,6 +1,7 @@
 #include "server/measurement_index.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -81,6 +82,16 @@ absl::Status MeasurementIndex::Insert(Entry e) {
   }
   dropped = it->second.Push(std::move(e));
   return absl::OkStatus();
+}
+
+bool MeasurementIndex::Remove(const std::string& model_id) {
+  std::optional<MeasurementRing> removed;  // destroyed after unlocking
+  absl::MutexLock lock(&mu_);
+  auto it = rings_.find(model_id);
+  if (it == rings_.end()) return false;
+  removed.emplace(std::move(it->second));
+  rings_.erase(it);
+  return true;
 }
 
 MeasurementIndex::Entry MeasurementIndex::Latest(

@@ -69,6 +69,9 @@ class MeasurementIndex {
   // Adds a logged entry to its model's ring; FAILED_PRECONDITION when the
   // model was not reserved.
   absl::Status Insert(Entry e);
+  // Forgets `model_id` and its ring (DeleteModelHistory); false when it had
+  // none.
+  bool Remove(const std::string& model_id);
 
   // The newest entry of a model; null when there is none.
   Entry Latest(const std::string& model_id) const;

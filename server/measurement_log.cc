@@ -24,6 +24,7 @@ class MemLog final : public MeasurementLog {
     if (entries_.size() == retained_) {
       evicted = std::move(entries_.front());
       entries_.pop_front();
+      ++first_;
     }
     entries_.push_back(entry);
     return Entry(std::move(entry));
@@ -39,14 +40,24 @@ class MemLog final : public MeasurementLog {
     std::vector<Entry> out;
     absl::MutexLock lock(&mu_);
     if (entries_.empty() || through <= after || max == 0) return out;
-    // Dense: the entry with sequence s sits at s - first.
-    const uint64_t first = entries_.front()->sequence();
-    const uint64_t from = std::max(after + 1, first);
+    // The entry with sequence s sits at s - first_ (null once deleted).
+    const uint64_t from = std::max(after + 1, first_);
     const uint64_t to = std::min(through, last_);
     for (uint64_t s = from; s <= to && out.size() < max; ++s) {
-      out.push_back(entries_[s - first]);
+      if (entries_[s - first_] != nullptr) out.push_back(entries_[s - first_]);
     }
     return out;
+  }
+
+  absl::StatusOr<uint64_t> DeleteModel(const std::string& model_id) override {
+    std::vector<Entry> removed;  // destroyed after the lock is released
+    absl::MutexLock lock(&mu_);
+    for (Entry& e : entries_) {
+      if (e != nullptr && e->model_id() == model_id) {
+        removed.push_back(std::move(e));  // leaves a null slot
+      }
+    }
+    return removed.size();
   }
 
  private:
@@ -54,6 +65,7 @@ class MemLog final : public MeasurementLog {
   mutable absl::Mutex mu_;
   std::deque<Entry> entries_ ABSL_GUARDED_BY(mu_);  // oldest first, dense
   uint64_t last_ ABSL_GUARDED_BY(mu_) = 0;          // newest sequence assigned
+  uint64_t first_ ABSL_GUARDED_BY(mu_) = 1;  // sequence of entries_.front()
 };
 
 }  // namespace

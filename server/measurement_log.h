@@ -14,14 +14,18 @@
 //     LastSequence() + 1, and a failed Append assigns nothing;
 //   - entries are immutable once appended and shared (by pointer) with the
 //     index and the bus, so that no reader copies under a lock;
-//   - entries are dropped from the oldest end only, so the retained ones are
-//     always one contiguous range of sequence numbers.
+//   - the in-memory log drops entries from the oldest end, and DeleteModel
+//     removes one model's; the durable log (sqlite_store.h) also removes
+//     rows by per-model retention. Read returns the retained entries in
+//     sequence order; a number it skips is no longer retained (a watch
+//     reports it as such, never silently).
 #ifndef RVD_SERVER_MEASUREMENT_LOG_H_
 #define RVD_SERVER_MEASUREMENT_LOG_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -54,6 +58,11 @@ class MeasurementLog {
   virtual absl::StatusOr<std::vector<Entry>> Read(uint64_t after,
                                                   uint64_t through,
                                                   size_t max) const = 0;
+
+  // Removes every retained entry of `model_id` (DeleteModelHistory); returns
+  // how many. Sequence numbers are never reused. Calls are serialized with
+  // Append by the caller.
+  virtual absl::StatusOr<uint64_t> DeleteModel(const std::string& model_id) = 0;
 };
 
 // An in-memory log that retains the newest `retained` entries (at least 1).

@@ -115,11 +115,7 @@ uint64_t Metrics::SeriesOf(const rvd::v1::Measurement& m) const {
   return n;
 }
 
-void Metrics::RecordMeasurement(const rvd::v1::Measurement& m) {
-  const std::string& id = m.model_id();
-  const uint64_t series = SeriesOf(m);
-  absl::MutexLock lock(&mu_);
-
+void Metrics::AdmitLocked(const std::string& id, uint64_t series) {
   // The budget: this model's newest measurement replaces its previous
   // admission, if it fits beside every other model's.
   uint64_t& admitted = admitted_[id];
@@ -140,6 +136,19 @@ void Metrics::RecordMeasurement(const rvd::v1::Measurement& m) {
     }
   }
   admitted_total_ = others + admitted;
+}
+
+void Metrics::AdmitSeries(const rvd::v1::Measurement& m) {
+  const uint64_t series = SeriesOf(m);
+  absl::MutexLock lock(&mu_);
+  AdmitLocked(m.model_id(), series);
+}
+
+void Metrics::RecordMeasurement(const rvd::v1::Measurement& m) {
+  const std::string& id = m.model_id();
+  const uint64_t series = SeriesOf(m);
+  absl::MutexLock lock(&mu_);
+  AdmitLocked(id, series);
 
   VariantBackend vb(m.variant(), m.backend());
   auto key = std::make_pair(id, vb);

@@ -111,6 +111,10 @@ class Metrics final : public prometheus::Collectable {
   // A stored measurement: counts it, observes its engine time, and admits
   // its per-layer series into the series budget.
   void RecordMeasurement(const rvd::v1::Measurement& m);
+  // At start, a model's newest measurement restored from the durable store:
+  // admits its series into the budget as RecordMeasurement does, counting
+  // nothing.
+  void AdmitSeries(const rvd::v1::Measurement& m);
   // rvd_ingested_bytes_total
   void AddIngestedBytes(uint64_t bytes);
   // rvd_errors_total{code}, code as the gRPC code name, e.g. INVALID_ARGUMENT.
@@ -139,6 +143,8 @@ class Metrics final : public prometheus::Collectable {
   void CollectPoolAndBus(std::vector<prometheus::MetricFamily>* out) const;
   // The per-layer (and per-head) series `m` needs.
   uint64_t SeriesOf(const rvd::v1::Measurement& m) const;
+  void AdmitLocked(const std::string& id, uint64_t series)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const MetricsOptions options_;
   const MetricsSources sources_;

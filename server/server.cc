@@ -17,6 +17,7 @@
 #include "server/alerts.h"
 #include "server/backend.h"
 #include "server/compute_pool.h"
+#include "server/durable_history.h"
 #include "server/engine_health.h"
 #include "server/history.h"
 #include "server/metrics.h"
@@ -24,6 +25,7 @@
 #include "server/request_metrics.h"
 #include "server/security.h"
 #include "server/service.h"
+#include "server/store_metrics.h"
 #include "spdlog/spdlog.h"
 
 namespace rvd {
@@ -40,7 +42,8 @@ constexpr size_t kAlertEventsRetained = 4096;
 
 class ServerImpl final : public Server {
  public:
-  ServerImpl(const Config& config, std::unique_ptr<Engine> engine)
+  ServerImpl(const Config& config, std::unique_ptr<Engine> engine,
+             MeasurementLogChoice log)
       : engine_(std::move(engine)),
         alerts_(AlertEngine::Options{kAlertEventsRetained, config.max_watchers,
                                      config.max_metric_series},
@@ -48,8 +51,8 @@ class ServerImpl final : public Server {
         alert_rules_file_(config.alert_rules_file),
         rv_alert_threshold_(config.rv_alert_threshold),
         pool_(config.compute_workers, config.max_inflight_requests),
-        history_(NewMemLog(std::max<size_t>(config.history_capacity,
-                                            kMinLogRetained)),
+        store_(log.store),
+        history_(std::move(log.log),
                  History::Options{config.history_capacity, config.max_models,
                                   config.max_watchers, kWatchQueue,
                                   [this](const MeasurementLog::Entry& e) {
@@ -66,7 +69,16 @@ class ServerImpl final : public Server {
                                config.max_inflight_requests,
                                config.default_variant,
                                BufferedBytesLimit(config),
-                               absl::Seconds(config.stream_idle_timeout_seconds)}) {}
+                               absl::Seconds(config.stream_idle_timeout_seconds)}) {
+    service_.set_store(store_);
+    if (store_ != nullptr) store_metrics_ = std::make_shared<StoreMetrics>(store_);
+  }
+
+  // With the durable store: the index and metrics as they were (at start).
+  absl::Status Restore(const Config& config) {
+    if (store_ == nullptr) return absl::OkStatus();
+    return RestoreHistory(*store_, config.history_capacity, history_, *metrics_);
+  }
 
   ~ServerImpl() override { Shutdown(); }
 
@@ -76,6 +88,7 @@ class ServerImpl final : public Server {
           StartMetricsHttp(config.metrics_address, metrics_);
       if (!exposer.ok()) return exposer.status();
       exposer_ = *std::move(exposer);
+      if (store_metrics_ != nullptr) exposer_->RegisterCollectable(store_metrics_);
     }
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -189,7 +202,9 @@ class ServerImpl final : public Server {
   const std::string alert_rules_file_;  // reread on SIGHUP ("": none)
   const double rv_alert_threshold_;     // > 0: one more rule
   ComputePool pool_;
+  SqliteStore* store_;  // the log inside history_, or null (in memory)
   History history_;
+  std::shared_ptr<StoreMetrics> store_metrics_;  // null without a store
   // Shared with the exposer, which holds it weakly; outlives exposer_.
   std::shared_ptr<Metrics> metrics_;
   RvdService service_;
@@ -227,9 +242,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Config& config) {
   for (const auto& [technique, policy] : (*engine)->Stats().kernel_policies) {
     spdlog::info("kernel {}: policy {}", technique, policy);
   }
-  spdlog::info("data_dir {} is not used yet (reserved for the durable history)",
-               config.data_dir);
-  auto server = std::make_unique<ServerImpl>(config, *std::move(engine));
+  absl::StatusOr<MeasurementLogChoice> log = OpenMeasurementLog(
+      config, std::max<size_t>(config.history_capacity, kMinLogRetained));
+  if (!log.ok()) return log.status();
+  auto server = std::make_unique<ServerImpl>(config, *std::move(engine),
+                                             *std::move(log));
+  if (absl::Status s = server->Restore(config); !s.ok()) return s;
   server->StartAlerts(*std::move(alert_rules));
   if (absl::Status s = server->Listen(config); !s.ok()) return s;
   spdlog::info("rvd {} serving gRPC on {} (port {}, {}), metrics on {}",

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "server/alert_watch.h"
+#include "server/history_query.h"
 #include "server/log_text.h"
 #include "server/measure.h"
 #include "spdlog/spdlog.h"
@@ -345,10 +346,27 @@ grpc::Status RvdService::GetHistory(grpc::ServerContext*,
   if (absl::Status s = ValidateModelId(request->model_id()); !s.ok()) {
     return Finish(s);
   }
+  if (IsRangeRequest(*request)) {
+    return Finish(SelectHistory(history_.index(), store_, *request, response));
+  }
   absl::StatusOr<std::vector<MeasurementLog::Entry>> ms =
       history_.index().Get(request->model_id(), request->limit());
   if (!ms.ok()) return Finish(ms.status());
   for (const MeasurementLog::Entry& m : *ms) *response->add_measurements() = *m;
+  return grpc::Status::OK;
+}
+
+grpc::Status RvdService::DeleteModelHistory(
+    grpc::ServerContext*, const rvd::v1::DeleteModelHistoryRequest* request,
+    rvd::v1::DeleteModelHistoryResponse* response) {
+  if (absl::Status s = ValidateModelId(request->model_id()); !s.ok()) {
+    return Finish(s);
+  }
+  absl::StatusOr<uint64_t> n = history_.DeleteModel(request->model_id());
+  if (!n.ok()) return Finish(n.status());
+  response->set_deleted(*n);
+  spdlog::info("deleted the history of model={}: {} measurements",
+               LogEscape(request->model_id()), *n);
   return grpc::Status::OK;
 }
 

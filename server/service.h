@@ -19,6 +19,7 @@
 #include "server/compute_pool.h"
 #include "server/history.h"
 #include "server/metrics.h"
+#include "server/sqlite_store.h"
 #include "server/stream_watchdog.h"
 
 namespace rvd {
@@ -56,6 +57,9 @@ class RvdService final
   // Received tensor bytes held now, all requests together.
   uint64_t buffered_bytes() const { return buffered_.used(); }
 
+  // The durable store GetHistory's range requests read (null: the rings).
+  void set_store(const SqliteStore* store) { store_ = store; }
+
   grpc::Status Measure(grpc::ServerContext* context,
                        const rvd::v1::MeasureRequest* request,
                        rvd::v1::Measurement* response) override;
@@ -71,6 +75,10 @@ class RvdService final
   grpc::Status ListModels(grpc::ServerContext* context,
                           const rvd::v1::ListModelsRequest* request,
                           rvd::v1::ListModelsResponse* response) override;
+  grpc::Status DeleteModelHistory(
+      grpc::ServerContext* context,
+      const rvd::v1::DeleteModelHistoryRequest* request,
+      rvd::v1::DeleteModelHistoryResponse* response) override;
   // A stream in sequence order: the log after request.after_sequence, then
   // the bus (history.h); at most max_watchers at once.
   // Alert events in sequence order after request.after_sequence (alerts.h);
@@ -107,6 +115,7 @@ class RvdService final
   Engine& engine_;
   ComputePool& pool_;
   History& history_;
+  const SqliteStore* store_ = nullptr;  // see set_store
   Metrics& metrics_;
   const ServiceLimits limits_;
   BufferPool buffers_;                // receive buffers of streams

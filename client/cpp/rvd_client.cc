@@ -122,6 +122,32 @@ absl::StatusOr<std::vector<rvd::v1::Measurement>> RvdClient::GetHistory(
                                            response.measurements().end());
 }
 
+absl::StatusOr<rvd::v1::GetHistoryResponse> RvdClient::GetHistoryPage(
+    const rvd::v1::GetHistoryRequest& request) {
+  grpc::ClientContext context;
+  rvd::v1::GetHistoryResponse response;
+  if (absl::Status s =
+          FromGrpc(stub_->GetHistory(&context, request, &response));
+      !s.ok()) {
+    return s;
+  }
+  return response;
+}
+
+absl::StatusOr<uint64_t> RvdClient::DeleteModelHistory(
+    const std::string& model_id) {
+  grpc::ClientContext context;
+  rvd::v1::DeleteModelHistoryRequest request;
+  request.set_model_id(model_id);
+  rvd::v1::DeleteModelHistoryResponse response;
+  if (absl::Status s = FromGrpc(
+          stub_->DeleteModelHistory(&context, request, &response));
+      !s.ok()) {
+    return s;
+  }
+  return response.deleted();
+}
+
 absl::StatusOr<std::vector<rvd::v1::ModelSummary>> RvdClient::ListModels() {
   grpc::ClientContext context;
   rvd::v1::ListModelsResponse response;

@@ -45,6 +45,11 @@ class RvdClient {
   absl::StatusOr<std::vector<rvd::v1::Measurement>> GetHistory(
       const std::string& model_id, uint32_t limit);
   absl::StatusOr<std::vector<rvd::v1::ModelSummary>> ListModels();
+  // One GetHistory call as given (ranges, paging: see rvd.proto).
+  absl::StatusOr<rvd::v1::GetHistoryResponse> GetHistoryPage(
+      const rvd::v1::GetHistoryRequest& request);
+  // DeleteModelHistory: how many measurements rvd removed.
+  absl::StatusOr<uint64_t> DeleteModelHistory(const std::string& model_id);
   // Calls on_event for each event of a watch stream (a measurement, or a
   // gap marker where rvd skipped some) until it returns false or the stream
   // ends. after_sequence: the resume cursor (WatchRequest.after_sequence);

@@ -48,7 +48,7 @@ class Daemon:
         self.metrics_address = f"127.0.0.1:{free_port()}"
         cfg = {"grpc_address": self.grpc_address,
                "metrics_address": self.metrics_address,
-               "backend": "cpu", "data_dir": str(tmp / "data"),
+               "backend": "cpu",
                "engine_threads": 2, "compute_workers": 2}
         cfg.update(config)
         # A test may bind elsewhere (0.0.0.0:PORT); the client dials loopback.

@@ -133,14 +133,14 @@ def test_bad_flags_exit_nonzero_with_a_message():
     for flag in ("--grpc-address", "--metrics-address", "--max-buffered-bytes",
                  "--stream-idle-timeout-seconds", "--cuda-max-device-bytes", "--data-dir"):
         assert flag in r.stdout, flag
-    assert "NOT USED YET" in r.stdout
+    assert "durable history" in r.stdout
 
 
 def test_empty_metrics_address_turns_metrics_off(tmp_path):
     d = Daemon(tmp_path, metrics_address="")
     try:
         assert "metrics on (disabled)" in d.log_text()
-        assert "data_dir" in d.log_text() and "not used yet" in d.log_text()
+        assert "history in memory only (data_dir is empty)" in d.log_text()
         host, port = d.metrics_address.rsplit(":", 1)
         with pytest.raises(OSError):
             socket.create_connection((host, int(port)), timeout=1)
