@@ -278,3 +278,58 @@ def test_rvctl_ranges_export_and_delete(tmp_path):
         assert models == ["other"]
     finally:
         assert d2.stop() == 0
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs (needs root and mount(2); skipped otherwise)."""
+    import subprocess
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+            capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs (not root, or no mount(2) here)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_disk_fails_the_measurement_and_loses_nothing_acknowledged(tmp_path, small_disk):
+    data = small_disk / "store"
+    data.mkdir()
+    d = Daemon(tmp_path, data_dir=str(data))
+    rng = np.random.default_rng(SEED)
+    try:
+        # Leave rvd a few hundred KiB: the filler is freed later.
+        filler = small_disk / "filler"
+        filler.write_bytes(b"\0" * (1536 << 10))
+        acked, refused = [], None
+        for step in range(1, 5000):
+            req = request_for("full", step, rng, layers=16)
+            req.header.per_head = True
+            try:
+                acked.append(d.stub.Measure(req, timeout=10 * TIME_SCALE))
+            except grpc.RpcError as e:
+                refused = (step, e)
+                break
+        assert refused is not None, "the disk never filled"
+        step, e = refused
+        print(f"full disk: {len(acked)} stored, then {e.code()}: {e.details()}")
+        assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+        assert "disk holding data_dir is full" in e.details()
+        # Nothing of the refused one is visible; what was acknowledged is.
+        latest = d.stub.GetLatest(rvd_pb2.GetLatestRequest(model_id="full"))
+        assert latest.step == acked[-1].step and latest.sequence == acked[-1].sequence
+        assert metric(scrape(d), "rvd_store_append_errors_total", reason="disk_full") >= 1
+        # Space again: rvd stores again, numbering with no hole.
+        filler.unlink()
+        again = d.stub.Measure(request_for("full", step, rng))
+        assert again.sequence == acked[-1].sequence + 1
+    finally:
+        assert d.stop() == 0
+    d2 = Daemon(tmp_path, data_dir=str(data))
+    try:
+        stored = all_stored(d2, "full")
+        assert [m.sequence for m in stored] == [m.sequence for m in acked] + [again.sequence]
+    finally:
+        assert d2.stop() == 0
