@@ -1,7 +1,7 @@
 """TLS, mutual TLS and the bearer token (server/security.h), against the real
 rvd and rvctl, with certificates the test generates (openssl CLI): a CA, a
 server certificate for 127.0.0.1 and localhost, a client certificate from
-the same CA, and a client certificate from another CA."""
+the same CA, and a client certificate from another CA (pki.py)."""
 import json
 import os
 import subprocess
@@ -12,42 +12,16 @@ import grpc
 import numpy as np
 import pytest
 
+from pki import make_pki
 from rvdtest import (RVD, Daemon, free_port, health_pb2, health_pb2_grpc,
                      rvd_pb2, rvd_pb2_grpc, write_llama)
 
 TOKEN = "s3cret-token-0123456789abcdef"
 
 
-def openssl(*args, cwd):
-    subprocess.run(["openssl", *args], cwd=cwd, check=True,
-                   capture_output=True, timeout=60)
-
-
-def make_ca(d, name):
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-            "-keyout", f"{name}.key", "-out", f"{name}.pem",
-            "-subj", f"/CN={name}", cwd=d)
-
-
-def make_cert(d, name, ca, san=None):
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
-            "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
-    ext = d / f"{name}.ext"
-    ext.write_text(f"subjectAltName={san}\n" if san else
-                   "extendedKeyUsage=clientAuth\n")
-    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem",
-            "-CAkey", f"{ca}.key", "-CAcreateserial", "-days", "2",
-            "-out", f"{name}.pem", "-extfile", ext.name, cwd=d)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pki")
-    make_ca(d, "ca")
-    make_ca(d, "other-ca")
-    make_cert(d, "server", "ca", san="DNS:localhost,IP:127.0.0.1")
-    make_cert(d, "client", "ca")
-    make_cert(d, "stranger", "other-ca")
+    d = make_pki(tmp_path_factory.mktemp("pki"))
     (d / "token").write_text(TOKEN + "\n")
     (d / "wrong-token").write_text("not-the-token\n")
     return d

@@ -11,6 +11,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "integration"))
+import grpc  # noqa: E402
+from pki import make_pki  # noqa: E402
 from rvdtest import BUILD, Daemon, write_llama  # noqa: E402
 
 SOURCE = pathlib.Path(__file__).resolve().parents[2]
@@ -73,3 +75,26 @@ def test_example_builds_against_the_installed_package_and_talks_to_rvd(tmp_path)
     r = subprocess.run([str(exe), "--address", d.grpc_address], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 1 and "UNAVAILABLE" in r.stderr
+
+    # The library's TLS, client certificate and token against rvd with all
+    # three: with them the call goes through; a wrong token is refused.
+    (tmp_path / "pki").mkdir()
+    pki = make_pki(tmp_path / "pki")
+    (pki / "token").write_text("pkg-token-42\n")
+    (pki / "wrong").write_text("nope\n")
+    creds = grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes(),
+                                         (pki / "client.key").read_bytes(),
+                                         (pki / "client.pem").read_bytes())
+    d = Daemon(tmp_path, credentials=creds,
+               tls_cert_file=str(pki / "server.pem"), tls_key_file=str(pki / "server.key"),
+               tls_client_ca_file=str(pki / "ca.pem"), auth_token_file=str(pki / "token"))
+    try:
+        tls = [exe, "--address", d.grpc_address, "--tls-ca-file", pki / "ca.pem",
+               "--tls-cert-file", pki / "client.pem", "--tls-key-file", pki / "client.key"]
+        r = run(*tls, "--auth-token-file", pki / "token")
+        assert r.stdout == "0 models\n"
+        r = subprocess.run([str(a) for a in tls] + ["--auth-token-file", str(pki / "wrong")],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and "UNAUTHENTICATED" in r.stderr
+    finally:
+        d.stop()
