@@ -29,6 +29,10 @@
 //   rvd_compute_rejected_total        counters
 //   rvd_watchers                      gauge, watch streams now
 //   rvd_watch_gap_entries_total       counter, measurements watchers missed
+//   rvd_alert_active{model_id,alert}  gauge 0/1, per alert rule (alerts.h)
+//   rvd_alerts_fired_total{model_id,alert}  counter, times it went firing
+//   rvd_alert_rules, rvd_alert_series_dropped_total,
+//   rvd_alert_reload_failures_total
 // Counted as they happen (the registry):
 //   rvd_measurements_total{model_id,variant,backend}  counter
 //   rvd_measurement_duration_seconds{variant,backend} histogram, engine time
