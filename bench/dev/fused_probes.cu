@@ -3,8 +3,8 @@
 // module. sm_90a.
 //   LaunchFusedV2Probe  bf16 v2 with probe flags (kernels.h)
 //   LaunchFusedV4Probe  fused v4 in a probe mode (fused_v4_kernel.cuh, Mode)
-#include "kernels/cuda/fused_v2_kernel.cuh"
-#include "kernels/cuda/fused_v4_kernel.cuh"
+#include "kernels/cuda/fused_launch.cuh"
+#include "kernels/cuda/fused_v4_launch.cuh"
 #include "kernels/cuda/kernels.h"
 
 namespace rvd::cuda {

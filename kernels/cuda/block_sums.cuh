@@ -8,7 +8,7 @@
 #ifndef RVD_KERNELS_CUDA_BLOCK_SUMS_CUH_
 #define RVD_KERNELS_CUDA_BLOCK_SUMS_CUH_
 
-#include <cuda_runtime.h>
+#include <cuda/std/cstdint>
 
 namespace rvd::cuda {
 

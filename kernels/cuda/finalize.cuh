@@ -1,4 +1,5 @@
-// One matrix's PR from its sums (private to kernels/cuda/): the finalize
+// One matrix's PR from its sums (device code, private to kernels/cuda/; no
+// host-only includes: NVRTC compiles it): the finalize
 // kernel (kernels.cu) runs it on every matrix's job sums, and fused v4 on
 // a matrix it serves in one job (Gram side <= 128), so that a launch of
 // only such matrices needs no finalize kernel. Both give the same bits for
@@ -6,12 +7,9 @@
 #ifndef RVD_KERNELS_CUDA_FINALIZE_CUH_
 #define RVD_KERNELS_CUDA_FINALIZE_CUH_
 
-#include <cuda_runtime.h>
+#include <cuda/std/cstdint>
 
-#include <cmath>
-#include <cstdint>
-
-#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/descriptors.h"
 
 namespace rvd::cuda {
 

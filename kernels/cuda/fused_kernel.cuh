@@ -1,4 +1,5 @@
-// The fused PR kernel (private to kernels/cuda/): one pass over W computes
+// The fused PR kernel v1 (device code, private to kernels/cuda/; launched
+// by fused_launch.cuh; no host-only includes: NVRTC compiles it): one pass over W computes
 // ||W||_F^2 (float64) and ||G||_F^2 (float64 of f32 tensor-core tiles) for
 // the upper-triangle block tiles of G, without writing G.
 //
@@ -21,17 +22,14 @@
 #ifndef RVD_KERNELS_CUDA_FUSED_KERNEL_CUH_
 #define RVD_KERNELS_CUDA_FUSED_KERNEL_CUH_
 
+#include <cuda/std/cstdint>
+#include <cuda/std/type_traits>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_runtime.h>
 #include <mma.h>
 
-#include <cstdint>
-#include <type_traits>
-
 #include "kernels/cuda/block_sums.cuh"
-#include "kernels/cuda/kernels.h"
-#include "kernels/cuda/launch_policy.h"
+#include "kernels/cuda/descriptors.h"
 
 namespace rvd::cuda::fused {
 
@@ -174,9 +172,9 @@ __device__ __forceinline__ void FusedBody(const MatrixDesc& m,
   using G = Geometry<T, kTall>;
   using FT = typename Traits<T>::Frag;
   constexpr int KK = Traits<T>::kK;
-  using ALayout = std::conditional_t<kTall, wmma::col_major, wmma::row_major>;
-  using BLayout = std::conditional_t<kTall, wmma::row_major, wmma::col_major>;
-  constexpr bool kSplit = std::is_same_v<T, float>;
+  using ALayout = ::cuda::std::conditional_t<kTall, wmma::col_major, wmma::row_major>;
+  using BLayout = ::cuda::std::conditional_t<kTall, wmma::row_major, wmma::col_major>;
+  constexpr bool kSplit = ::cuda::std::is_same_v<T, float>;
 
   const int warp = threadIdx.x / 32;
   const bool diag = job.diagonal != 0;
@@ -364,45 +362,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();  // the next job's loads reuse the stages and the block sums
   }
-}
-
-// `grid`: blocks of the launch, 1 .. num_jobs (0: num_jobs).
-template <typename T, bool kMutant>
-cudaError_t LaunchFusedT(const MatrixDesc* mats, const FusedJob* jobs,
-                         int num_jobs, bool any_offdiagonal, double* g2,
-                         double* trace, float* maxabs, int grid, cudaStream_t stream) {
-  if (num_jobs <= 0) return cudaSuccess;
-  if (grid <= 0 || grid > num_jobs) grid = num_jobs;
-  const int operands = any_offdiagonal ? 2 : 1;
-  const int smem = kStages * operands * kOperandBytes;
-  // Above 48 KB needs the opt-in; cheap, and per device, so set every time.
-  cudaError_t e = cudaFuncSetAttribute(
-      FusedKernel<T, kMutant>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      kStages * 2 * kOperandBytes);
-  if (e != cudaSuccess) return e;
-  FusedKernel<T, kMutant><<<grid, kThreads, smem, stream>>>(
-      mats, jobs, num_jobs, operands, g2, trace, maxabs);
-  return cudaGetLastError();
-}
-
-template <bool kMutant>
-cudaError_t LaunchFusedDispatch(DType dtype, const MatrixDesc* mats,
-                                const FusedJob* jobs, int num_jobs,
-                                bool any_offdiagonal, double* g2,
-                                double* trace, float* maxabs, int grid,
-                                cudaStream_t stream) {
-  switch (dtype) {
-    case DType::kF32:
-      return LaunchFusedT<float, kMutant>(mats, jobs, num_jobs, any_offdiagonal, g2, trace,
-                                          maxabs, grid, stream);
-    case DType::kF16:
-      return LaunchFusedT<__half, kMutant>(mats, jobs, num_jobs, any_offdiagonal, g2, trace,
-                                           maxabs, grid, stream);
-    case DType::kBF16:
-      return LaunchFusedT<__nv_bfloat16, kMutant>(mats, jobs, num_jobs, any_offdiagonal, g2,
-                                                   trace, maxabs, grid, stream);
-  }
-  return cudaErrorInvalidValue;
 }
 
 }  // namespace rvd::cuda::fused

@@ -7,10 +7,9 @@
 // has one job per block, F32ManyJobsPerBlockOddSliceCounts no scale that
 // does not fit). cuda_engine_test runs the same checker against them and
 // expects mismatches, proving that the checker can fail.
-#include "kernels/cuda/fused_kernel.cuh"
+#include "kernels/cuda/fused_launch.cuh"
 #include "kernels/cuda/fused_plan.h"
-#include "kernels/cuda/fused_v2_kernel.cuh"
-#include "kernels/cuda/fused_v4_kernel.cuh"
+#include "kernels/cuda/fused_v4_launch.cuh"
 
 namespace rvd::cuda {
 namespace {

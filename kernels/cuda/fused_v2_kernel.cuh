@@ -1,4 +1,6 @@
-// The fused PR kernel, versions 2 and 3 (private to kernels/cuda/), for wide
+// The fused PR kernel, versions 2 and 3 (device code, private to
+// kernels/cuda/; launched by fused_launch.cuh; no host-only includes:
+// NVRTC compiles it), for wide
 // W (rows <= cols, G = W W^T). Tall W still takes v1 (fused_kernel.cuh).
 //
 // Versions (llm.c order; v3 is live for wide bf16/f16 W, v2 for wide f32):
@@ -55,16 +57,13 @@
 #ifndef RVD_KERNELS_CUDA_FUSED_V2_KERNEL_CUH_
 #define RVD_KERNELS_CUDA_FUSED_V2_KERNEL_CUH_
 
+#include <cuda/std/cstdint>
+#include <cuda/std/type_traits>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
-#include <cstdint>
-#include <type_traits>
 
 #include "kernels/cuda/block_sums.cuh"
-#include "kernels/cuda/kernels.h"
-#include "kernels/cuda/launch_policy.h"
+#include "kernels/cuda/descriptors.h"
 
 namespace rvd::cuda::fused_v2 {
 
@@ -100,8 +99,8 @@ constexpr int kLiveChainF32 = kFusedPolicyV3Sm90.chain_ksteps_f32;
 static_assert(kLiveChain >= 1 && kKSteps % kLiveChain == 0, "policy: chain");
 static_assert(kKSteps % (kLiveChainF32 > 0 ? kLiveChainF32 : 1) == 0, "policy: chain");
 template <typename T>
-constexpr int LiveChain() {
-  return std::is_same_v<T, float> ? kLiveChainF32 : kLiveChain;
+__host__ __device__ constexpr int LiveChain() {
+  return ::cuda::std::is_same_v<T, float> ? kLiveChainF32 : kLiveChain;
 }
 
 template <typename T>
@@ -142,12 +141,12 @@ __device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], uint32_t addr) {
 template <typename T>
 __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4],
                                     uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+  if constexpr (::cuda::std::is_same_v<T, __nv_bfloat16>) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else if constexpr (std::is_same_v<T, __half>) {
+  } else if constexpr (::cuda::std::is_same_v<T, __half>) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -235,7 +234,7 @@ __device__ __forceinline__ void RowStats(const unsigned char* tile,
     const int c = threadIdx.x + i * kThreads;
     const uint4 v = *reinterpret_cast<const uint4*>(tile + (c >> 3) * kRowBytes +
                                                     (c & 7) * 16);
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (::cuda::std::is_same_v<T, float>) {
       const float f[4] = {__uint_as_float(v.x), __uint_as_float(v.y),
                           __uint_as_float(v.z), __uint_as_float(v.w)};
 #pragma unroll
@@ -248,7 +247,7 @@ __device__ __forceinline__ void RowStats(const unsigned char* tile,
       float f[8];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        if constexpr (::cuda::std::is_same_v<T, __nv_bfloat16>) {
           f[2 * e] = __uint_as_float(w[e] << 16);
           f[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
         } else {
@@ -310,7 +309,7 @@ __device__ __forceinline__ void RowMax16(const unsigned char* tile, uint32_t* m2
 // |w| bits (u16, sign cleared) as a float.
 template <typename T>
 __device__ __forceinline__ float AbsBitsToFloat(uint32_t b) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+  if constexpr (::cuda::std::is_same_v<T, __nv_bfloat16>) {
     return __uint_as_float(b << 16);
   } else {
     return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
@@ -332,7 +331,7 @@ __device__ __forceinline__ void SliceMma(uint32_t a_base, uint32_t a0_off,
                                          const uint32_t (&b_off)[kSlots],
                                          const bool (&use1)[kSlots],
                                          float (&acc)[kSlots][2][4]) {
-  constexpr bool kTf32 = std::is_same_v<T, float>;
+  constexpr bool kTf32 = ::cuda::std::is_same_v<T, float>;
 #pragma unroll
   for (int kk = 0; kk < kKSteps; ++kk) {
     uint32_t a0[4], a1[4], b[kS][4];
@@ -379,7 +378,7 @@ __device__ __forceinline__ void ChainMma(const uint32_t (&a)[kChain][4],
                                          const uint32_t (&ah)[kChain][4],
                                          const uint32_t (&al)[kChain][4],
                                          uint32_t b_addr, float (&acc)[2][4]) {
-  constexpr bool kTf32 = std::is_same_v<T, float>;
+  constexpr bool kTf32 = ::cuda::std::is_same_v<T, float>;
   uint32_t b[kChain][4];
 #pragma unroll
   for (int j = 0; j < kChain; ++j) Ldsm4(b[j], b_addr + j * 32);
@@ -426,7 +425,7 @@ __device__ __forceinline__ void LoadA(uint32_t addr, uint32_t (&a)[kChain][4],
 #pragma unroll
   for (int j = 0; j < kChain; ++j) {
     Ldsm4(a[j], addr + j * 32);
-    if constexpr (std::is_same_v<T, float>) SplitTf32(a[j], ah[j], al[j]);
+    if constexpr (::cuda::std::is_same_v<T, float>) SplitTf32(a[j], ah[j], al[j]);
   }
 }
 
@@ -567,7 +566,7 @@ __device__ __forceinline__ void FusedV2Unit(const MatrixDesc* __restrict__ mats,
                                             float* __restrict__ maxabs, int probe,
                                             int splits) {
   extern __shared__ __align__(128) unsigned char smem[];
-  constexpr bool kTf32 = std::is_same_v<T, float>;
+  constexpr bool kTf32 = ::cuda::std::is_same_v<T, float>;
   constexpr int kBK = kSliceBytes / static_cast<int>(sizeof(T));
   const int job_index = kProbe ? unit / splits : unit;
   const FusedJobV2 job = jobs[job_index];
@@ -872,77 +871,6 @@ __global__ void __launch_bounds__(kThreads, 2)
 }
 
 // kChain: the live policy's for T (0: v2's code).
-// `grid`: blocks of the launch, 1 .. num_jobs (0: num_jobs).
-template <typename T, bool kMutant, int kChain = LiveChain<T>()>
-cudaError_t LaunchFusedV2T(const MatrixDesc* mats, const FusedJobV2* jobs,
-                           int num_jobs, bool any_offdiagonal, double* g2,
-                           double* trace, float* maxabs, int grid, cudaStream_t stream) {
-  if (num_jobs <= 0) return cudaSuccess;
-  if (grid <= 0 || grid > num_jobs) grid = num_jobs;
-  const int stage_bytes = any_offdiagonal ? kABytes + kBBytes : kABytes;
-  const int smem = (any_offdiagonal ? kStagesMixed : kStagesDiag) * stage_bytes;
-  auto* kernel = any_offdiagonal
-                     ? FusedV2Kernel<T, kMutant, kStagesMixed, kChain>
-                     : FusedV2Kernel<T, kMutant, kStagesDiag, kChain>;
-  // Above 48 KB needs the opt-in; and the whole carveout as shared memory so
-  // that two blocks of 108 KB fit an SM. Cheap, per device: set every time.
-  cudaError_t e = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return e;
-  e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                           cudaSharedmemCarveoutMaxShared);
-  if (e != cudaSuccess) return e;
-  kernel<<<grid, kThreads, smem, stream>>>(mats, jobs, num_jobs, stage_bytes, g2, trace,
-                                           maxabs, 0, 1);
-  return cudaGetLastError();
-}
-
-// The benchmark's probe: bf16, the live kernel (v3) with the probe flags and `splits` blocks
-// per job (each a contiguous 1/splits of K; outputs per block, not summed:
-// timing only).
-inline cudaError_t LaunchFusedV2ProbeBf16(const MatrixDesc* mats,
-                                          const FusedJobV2* jobs, int num_jobs,
-                                          bool any_offdiagonal, double* g2,
-                                          double* trace, float* maxabs,
-                                          int probe, int splits,
-                                          cudaStream_t stream) {
-  if (num_jobs <= 0 || splits < 1) return cudaSuccess;
-  const int stage_bytes = any_offdiagonal ? kABytes + kBBytes : kABytes;
-  const int smem = (any_offdiagonal ? kStagesMixed : kStagesDiag) * stage_bytes;
-  auto* kernel = any_offdiagonal
-                     ? FusedV2Kernel<__nv_bfloat16, false, kStagesMixed, kLiveChain, true>
-                     : FusedV2Kernel<__nv_bfloat16, false, kStagesDiag, kLiveChain, true>;
-  cudaError_t e = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return e;
-  e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                           cudaSharedmemCarveoutMaxShared);
-  if (e != cudaSuccess) return e;
-  kernel<<<num_jobs * splits, kThreads, smem, stream>>>(
-      mats, jobs, num_jobs * splits, stage_bytes, g2, trace, maxabs, probe, splits);
-  return cudaGetLastError();
-}
-
-template <bool kMutant>
-cudaError_t LaunchFusedV2Dispatch(DType dtype, const MatrixDesc* mats,
-                                  const FusedJobV2* jobs, int num_jobs,
-                                  bool any_offdiagonal, double* g2,
-                                  double* trace, float* maxabs, int grid,
-                                  cudaStream_t stream) {
-  switch (dtype) {
-    case DType::kF32:
-      return LaunchFusedV2T<float, kMutant>(mats, jobs, num_jobs, any_offdiagonal, g2, trace,
-                                            maxabs, grid, stream);
-    case DType::kF16:
-      return LaunchFusedV2T<__half, kMutant>(mats, jobs, num_jobs, any_offdiagonal, g2, trace,
-                                             maxabs, grid, stream);
-    case DType::kBF16:
-      return LaunchFusedV2T<__nv_bfloat16, kMutant>(mats, jobs, num_jobs, any_offdiagonal, g2,
-                                                    trace, maxabs, grid, stream);
-  }
-  return cudaErrorInvalidValue;
-}
-
 }  // namespace rvd::cuda::fused_v2
 
 #endif  // RVD_KERNELS_CUDA_FUSED_V2_KERNEL_CUH_

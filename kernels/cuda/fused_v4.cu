@@ -2,12 +2,14 @@
 // Compiled for sm_90a only (CMakeLists.txt: rvd_cuda_sm90a).
 #include <cudaTypedefs.h>
 
-#include "kernels/cuda/fused_v4_kernel.cuh"
+#include "kernels/cuda/fused_v4_launch.cuh"
 #include "kernels/cuda/kernels.h"
 
 namespace rvd::cuda {
 
 static_assert(sizeof(CUtensorMap) == kTensorMapBytes, "CUtensorMap size");
+static_assert(sizeof(TensorMap) == sizeof(CUtensorMap) && alignof(TensorMap) == alignof(CUtensorMap),
+              "the kernel's TensorMap is a CUtensorMap");
 
 namespace {
 

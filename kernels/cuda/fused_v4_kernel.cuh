@@ -1,4 +1,6 @@
-// The fused PR kernel, version 4 (private to kernels/cuda/): Hopper's tensor
+// The fused PR kernel, version 4 (device code, private to kernels/cuda/;
+// launched by fused_v4_launch.cuh; no host-only includes: NVRTC compiles
+// it for sm_90a): Hopper's tensor
 // copy engine (TMA) and warpgroup MMAs (wgmma), for wide W whose rows start
 // on 16-byte boundaries: bf16/f16 of any size, f32 with a Gram side <= 128
 // (diagonal jobs; see ConvertSlices). sm_90a only (wgmma): the translation units that
@@ -68,17 +70,13 @@
 #ifndef RVD_KERNELS_CUDA_FUSED_V4_KERNEL_CUH_
 #define RVD_KERNELS_CUDA_FUSED_V4_KERNEL_CUH_
 
-#include <cuda.h>
+#include <cuda/std/cstdint>
+#include <cuda/std/type_traits>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_runtime.h>
 
-#include <cstdint>
-#include <type_traits>
-
+#include "kernels/cuda/descriptors.h"
 #include "kernels/cuda/finalize.cuh"
-#include "kernels/cuda/kernels.h"
-#include "kernels/cuda/launch_policy.h"
 
 namespace rvd::cuda::fused_v4 {
 
@@ -116,7 +114,7 @@ constexpr int kMaxConsumerWarps = Consumers<true>::kWarps;
 // until the consumers are done with it, run s4-7.)
 template <typename T, bool kTriangle = false>
 struct Layout {
-  static constexpr bool kF32 = std::is_same_v<T, float>;
+  static constexpr bool kF32 = ::cuda::std::is_same_v<T, float>;
   static_assert(!(kF32 && kTriangle), "f32 runs square jobs only");
   static constexpr int kStages = kF32 ? 4 : 6;
   static constexpr int kTileBytes = kTile * kSliceK * (kF32 ? 4 : 2);  // one TMA copy
@@ -250,7 +248,7 @@ __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
 // One 128 x 64 tile (rows c1.., K elements c0..) of the matrix behind `map`
 // into shared memory at `dst`; rows or columns past the matrix read as zero
 // (and still count in the transaction bytes).
-__device__ __forceinline__ void TmaLoadTile(uint32_t dst, const CUtensorMap* map, int c0,
+__device__ __forceinline__ void TmaLoadTile(uint32_t dst, const TensorMap* map, int c0,
                                             int c1, uint32_t bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
@@ -261,7 +259,7 @@ __device__ __forceinline__ void TmaLoadTile(uint32_t dst, const CUtensorMap* map
 
 // The maps were written by a host-to-device copy (generic proxy); the copy
 // engine reads them through the tensormap proxy.
-__device__ __forceinline__ void AcquireTensorMap(const CUtensorMap* map) {
+__device__ __forceinline__ void AcquireTensorMap(const TensorMap* map) {
   asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(
                    reinterpret_cast<uint64_t>(map))
                : "memory");
@@ -325,7 +323,7 @@ __device__ __forceinline__ void FenceAccumulators(float (&d)[kAcc]) {
 // compiler need not keep d's old values alive).
 template <typename T, int kN, bool kFirst, int kOff = 0, int kSize>
 __device__ __forceinline__ void Wgmma(float (&acc)[kSize], uint64_t a, uint64_t b) {
-  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
+  static_assert(::cuda::std::is_same_v<T, __nv_bfloat16> || ::cuda::std::is_same_v<T, __half>);
   static_assert(kN == 64 || kN == 128);
   static_assert(kOff + kN / 2 <= kSize);
   float* const d = acc + kOff;  // this wgmma's kN / 2 accumulators
@@ -354,7 +352,7 @@ __device__ __forceinline__ void Wgmma(float (&acc)[kSize], uint64_t a, uint64_t 
   } else {                                                                       \
     RVD_V4_WGMMA_ACCUMULATE(n, list, args("+f", d), a_at, b_at, "f16.f16");      \
   }
-  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  constexpr bool kBf16 = ::cuda::std::is_same_v<T, __nv_bfloat16>;
   if constexpr (kN == 128) {
     RVD_V4_WGMMA_SHAPE(128, RVD_V4_D64, RVD_V4_D64_ARGS, 64, 65)
   } else {
@@ -412,7 +410,7 @@ __device__ __forceinline__ Unit UnitAt(int u, const Schedule& s, const FusedJobV
 
 // The producer thread: each unit's K-slices into the ring, in unit order.
 template <typename T, int kMode>
-__device__ __forceinline__ void ProduceSlices(const CUtensorMap* maps, const MatrixDesc* mats,
+__device__ __forceinline__ void ProduceSlices(const TensorMap* maps, const MatrixDesc* mats,
                                               const FusedJobV2* jobs, const Schedule& sched,
                                               uint32_t tiles, uint32_t full0, uint32_t empty0) {
   using L = Layout<T>;
@@ -421,7 +419,7 @@ __device__ __forceinline__ void ProduceSlices(const CUtensorMap* maps, const Mat
   for (int u = blockIdx.x; u < sched.units; u += gridDim.x) {
     const Unit unit = UnitAt(u, sched, jobs, mats);
     const FusedJobV2 job = unit.job;
-    const CUtensorMap* map = maps + job.matrix;
+    const TensorMap* map = maps + job.matrix;
     AcquireTensorMap(map);
     const bool one_tile = job.diagonal != 0 || kMode == kProbeBIsA;
     for (int k = unit.k0; k < unit.k1; ++k) {
@@ -764,7 +762,7 @@ struct SliceCursor {
 // was read from, once the group's barrier at the end of the conversion
 // says it is read (so the f32 stages need no `empty` barriers).
 template <int kMode>
-__device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const MatrixDesc* mats,
+__device__ __forceinline__ void ConvertSlices(const TensorMap* maps, const MatrixDesc* mats,
                                               const FusedJobV2* jobs, const Schedule& sched,
                                               uint32_t tiles, const unsigned char* base,
                                               uint32_t full0, uint32_t set_full0,
@@ -793,7 +791,7 @@ __device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const Mat
     // block's unit before it.)
     if (kMode == kMutant && load.k == load.unit.k0 && last_matrix >= 0) matrix = last_matrix;
     last_matrix = load.unit.job.matrix;
-    const CUtensorMap* map = maps + matrix;
+    const TensorMap* map = maps + matrix;
     if (load.u != acquired) {
       AcquireTensorMap(map);
       acquired = load.u;
@@ -861,7 +859,7 @@ __device__ __forceinline__ void ConvertSlices(const CUtensorMap* maps, const Mat
 
 template <typename T, int kMode, bool kTriangle>
 __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
-    FusedV4Kernel(const CUtensorMap* maps, const MatrixDesc* mats, const FusedJobV2* jobs,
+    FusedV4Kernel(const TensorMap* maps, const MatrixDesc* mats, const FusedJobV2* jobs,
                   Schedule sched, double* g2, double* trace, float* maxabs, double* pr,
                   int32_t* status) {
 #ifdef RVD_FUSED_V4_DEVICE
@@ -989,7 +987,7 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     // The prepared slice into `part` (from zero when `fresh`); f32: hi hi^T
     // + hi (2 lo)^T; `blocks`: the diagonal job's blocks.
     auto issue = [&](bool blocks, float (&part)[kAcc], bool fresh) {
-      using MmaT = std::conditional_t<L::kF32, __half, T>;
+      using MmaT = ::cuda::std::conditional_t<L::kF32, __half, T>;
       if constexpr (kBlocks) {
         if (blocks) {
           // Block (c, c) into part[0..31] over every k-step; block (0, 1)
@@ -1164,49 +1162,6 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     finish();
   }
 #endif  // RVD_FUSED_V4_DEVICE
-}
-
-template <typename T, int kMode, bool kTriangle>
-cudaError_t LaunchFusedV4Shape(const FusedV4Launch& l, cudaStream_t stream) {
-  const FusedV4Plan& plan = l.plan;
-  if (plan.units <= 0) return cudaSuccess;
-  const bool cut = plan.pieces > 1;
-  if (cut && (l.partials == nullptr || l.tickets == nullptr ||
-              plan.cut > kFusedV4MaxCutJobs)) {
-    return cudaErrorInvalidValue;
-  }
-  const Schedule sched{plan.cut, plan.pieces, plan.units, cut ? l.partials : nullptr,
-                       cut ? l.tickets : nullptr};
-  auto* kernel = FusedV4Kernel<T, kMode, kTriangle>;
-  constexpr int smem = Layout<T, kTriangle>::kSmemBytes;
-  const cudaError_t e =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e != cudaSuccess) return e;
-  kernel<<<plan.grid, Layout<T, kTriangle>::kThreads, smem, stream>>>(
-      static_cast<const CUtensorMap*>(l.maps), l.mats, l.jobs, sched, l.g2, l.trace, l.maxabs,
-      l.pr, l.status);
-  return cudaGetLastError();
-}
-
-template <typename T, int kMode>
-cudaError_t LaunchFusedV4T(const FusedV4Launch& l, cudaStream_t stream) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (l.triangle) return cudaErrorInvalidValue;
-    return LaunchFusedV4Shape<T, kMode, false>(l, stream);
-  } else {
-    return l.triangle ? LaunchFusedV4Shape<T, kMode, true>(l, stream)
-                      : LaunchFusedV4Shape<T, kMode, false>(l, stream);
-  }
-}
-
-template <int kMode>
-cudaError_t LaunchFusedV4Dispatch(DType dtype, const FusedV4Launch& l, cudaStream_t stream) {
-  switch (dtype) {
-    case DType::kBF16: return LaunchFusedV4T<__nv_bfloat16, kMode>(l, stream);
-    case DType::kF16: return LaunchFusedV4T<__half, kMode>(l, stream);
-    case DType::kF32: return LaunchFusedV4T<float, kMode>(l, stream);
-  }
-  return cudaErrorInvalidValue;
 }
 
 }  // namespace rvd::cuda::fused_v4

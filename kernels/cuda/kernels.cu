@@ -10,8 +10,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/finalize.cuh"
-#include "kernels/cuda/fused_kernel.cuh"
-#include "kernels/cuda/fused_v2_kernel.cuh"
+#include "kernels/cuda/fused_launch.cuh"
 #include "kernels/cuda/kernels.h"
 
 namespace rvd::cuda {

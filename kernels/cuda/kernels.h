@@ -1,6 +1,8 @@
 // Launchers of the CUDA engine's own kernels (private to kernels/cuda/).
-// Host code calls these; the kernels themselves live in kernels.cu and
-// fused_kernel.cuh. Each launcher checks its own constraints and returns the
+// Host code calls these; the fused kernels live in the device headers
+// (descriptors.h and the .cuh files: no host-only includes, so NVRTC
+// compiles them too, nvrtc_headers_test.cc), their launches in
+// fused_launch.cuh, the other kernels in kernels.cu. Each launcher checks its own constraints and returns the
 // launch error; none synchronizes.
 #ifndef RVD_KERNELS_CUDA_KERNELS_H_
 #define RVD_KERNELS_CUDA_KERNELS_H_
@@ -9,30 +11,13 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/descriptors.h"
 #include "kernels/cuda/launch_policy.h"
 #include "kernels/engine.h"
 
 namespace rvd::cuda {
 
-// A matrix as the kernels see it (device pointer).
-struct MatrixDesc {
-  const void* data;  // element (i, j) at data + (i * ld + j) * esize
-  int64_t ld;
-  int32_t rows, cols;
-  int32_t n;        // the Gram's side, min(rows, cols)
-  int32_t k;        // the long side, max(rows, cols)
-  int32_t tall;     // rows > cols: G = W^T W
-  int32_t aligned;  // data and ld * esize are multiples of 16 bytes
-};
-
 MatrixDesc MakeDesc(const MatrixView& device_view);
-
-// Per-matrix status written by the finalize kernel.
-enum MatrixStatus : int32_t {
-  kStatusOk = 0,
-  kStatusNonFinite = 1,  // NaN or Inf in the matrix
-  kStatusUntrusted = 2,  // magnitudes where f32 Gram entries over/underflow
-};
 
 // The fused kernel v1 (fused_kernel.cuh): a block per job, or `grid`
 // blocks (1 .. num_jobs; 0: num_jobs) taking the jobs round-robin (the SM
@@ -63,58 +48,11 @@ cudaError_t LaunchFusedV2Probe(const MatrixDesc* mats, const FusedJobV2* jobs,
                                int splits, cudaStream_t stream);
 
 // The fused kernel v4 (sm_90a: TMA + wgmma; fused_v4_kernel.cuh) for the
-// matrices ChooseFusedKernel (launch_policy.h) gives it. Jobs are FusedJobV2
-// with 128 x 128 tiles (kFusedPolicyV4Sm90), scheduled by a FusedV4Plan.
-inline constexpr int kTensorMapBytes = 128;
-struct FusedV4Launch {
-  const void* maps;  // a kTensorMapBytes tensor map per matrix index (EncodeFusedV4Map),
-                     // 64-byte aligned device memory
-  const MatrixDesc* mats;
-  const FusedJobV2* jobs;
-  FusedV4Plan plan;       // PlanFusedV4 over the jobs
-  float* partials;        // a cut plan's FusedV4PartialBytes of device memory, or null
-  int32_t* tickets;       // a cut plan's kFusedV4TicketInts int32, zero (left zero), or null
-  bool triangle;          // FusedKernel::kV4Triangle's matrices (16-bit, Gram side <= 128),
-                          // else kV4's
-  // Outputs per job as LaunchFused, except maxabs (sqrt(max_i G_ii / k):
-  // see fused_v4_kernel.cuh).
-  double* g2;
-  double* trace;
-  float* maxabs;
-  // Per matrix index, or null: a matrix of Gram side <= 128 (one job) gets
-  // its PR and status from the kernel itself, the same bits as
-  // LaunchFinalize's (so a launch of only such matrices needs no finalize).
-  double* pr;
-  int32_t* status;
-};
+// matrices ChooseFusedKernel (launch_policy.h) gives it: FusedV4Launch
+// (descriptors.h).
 // Host only: writes matrix d's tensor map (d.data a device pointer) to `map`.
 cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map);
 cudaError_t LaunchFusedV4(DType dtype, const FusedV4Launch& launch, cudaStream_t stream);
-
-namespace fused_v4 {
-// Fused v4's purpose, the kernel's template argument: the product runs
-// kLive, the GPU test a deliberately wrong kernel, the bench's probes
-// (LaunchFusedV4Probe) the kernel with one part changed, to place its time.
-enum Mode : int {
-  kLive,
-  // 16-bit: the last k-step of each slice reads B at the slice's first
-  // k-step (one wrong index): a Gram that is wrong yet plausible (about 3/4
-  // of W W^T), which the finalize's range test does not turn into a
-  // fallback; the checks against the oracle must catch it. f32: a slice
-  // keeps the scale of the slice converted before it, whether or not it
-  // fits (its hi overflows when the magnitude jumps up), and a job's first
-  // slice is copied from the matrix of the block's job before it.
-  kMutant,
-  kProbeBIsA,      // every job loads and multiplies its row tile only
-  kProbeNoLoad,    // the producer signals stages without loading them
-  kProbeChain1,    // 16-bit: one slice per accumulator chain for every Gram
-  kProbeRetire1,   // one add per finished slice instead of 64
-  kProbeNoConvert, // f32: the stages are not converted (wrong)
-  kProbeMmaOnly,   // f32: neither loads nor conversion, the consumers' part alone
-  kProbeLoadOnly,  // the consumers free each slice without multiplying it
-  kProbeNoCombine, // a cut job's pieces each end as a whole job (no partial sums)
-};
-}  // namespace fused_v4
 
 // Benchmark hook (rvd_bench_gpu --ab; bench/dev/fused_probes.cu, linked
 // into the bench only): v4 in a probe mode. kProbeChain1 is exact, the others wrong
