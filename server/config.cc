@@ -127,9 +127,38 @@ absl::Status ReadValue(const Where& where, const YAML::Node& node,
   return absl::OkStatus();
 }
 
+// A list of strings: a sequence of scalars, or one scalar (a list of one);
+// null means the empty list.
+absl::Status ReadValue(const Where& where, const YAML::Node& node,
+                       std::vector<std::string>* out) {
+  std::vector<std::string> list;
+  if (node.IsScalar()) {
+    list.push_back(node.Scalar());
+  } else if (node.IsSequence()) {
+    for (const YAML::Node& item : node) {
+      if (!item.IsScalar()) return TypeError(where, node, "a list of strings");
+      list.push_back(item.Scalar());
+    }
+  } else if (!node.IsNull()) {
+    return TypeError(where, node, "a list of strings");
+  }
+  *out = std::move(list);
+  return absl::OkStatus();
+}
+
+absl::Status ReadValue(const Where& where, const YAML::Node& node,
+                       WatchConfig* out) {
+  // Its own messages give the line of the field at fault.
+  return ReadWatchConfig(where.what, node, out);
+}
+
+std::string ValueText(const std::vector<std::string>& v) {
+  return absl::StrCat("[", absl::StrJoin(v, ", "), "]");
+}
+std::string ValueText(const WatchConfig& v) { return WatchConfigText(v); }
 std::string ValueText(const std::string& v) { return absl::StrCat("\"", v, "\""); }
 std::string ValueText(bool v) { return v ? "true" : "false"; }
-template <typename T>
+template <typename T, std::enable_if_t<std::is_arithmetic_v<T>, int> = 0>
 std::string ValueText(T v) {
   return absl::StrCat(v);
 }
@@ -139,9 +168,13 @@ std::string ValueText(T v) {
 struct KeyReader {
   const char* name;
   std::variant<std::string Config::*, bool Config::*, int Config::*,
-               uint32_t Config::*, uint64_t Config::*, double Config::*>
+               uint32_t Config::*, uint64_t Config::*, double Config::*,
+               std::vector<std::string> Config::*, WatchConfig Config::*>
       field;
   const char* help;
+  // The flag's name when it is not the key's with dashes (a list key's
+  // flag is singular and repeatable: --checkpoint-root A --checkpoint-root B).
+  const char* flag = nullptr;
 
   absl::Status Read(const Where& where, const YAML::Node& node,
                     Config* config) const {
@@ -155,6 +188,13 @@ struct KeyReader {
   }
   bool is_bool() const {
     return std::holds_alternative<bool Config::*>(field);
+  }
+  bool is_list() const {
+    return std::holds_alternative<std::vector<std::string> Config::*>(field);
+  }
+  // A map: its flag takes YAML text ("{directories: [/ckpt/*]}").
+  bool is_section() const {
+    return std::holds_alternative<WatchConfig Config::*>(field);
   }
 };
 
@@ -215,6 +255,14 @@ const KeyReader kKeys[] = {
      "device memory rvd may hold (>= 64 MiB)"},
     {"cuda_max_sms", &Config::cuda_max_sms,
      "most SMs fused v4's persistent grid occupies, leaving the rest to a trainer (0: all)"},
+    {"checkpoint_roots", &Config::checkpoint_roots,
+     "a directory under which rvd reads checkpoints itself (MeasurePath, "
+     "watch); repeatable; given on the command line, replaces the file's list",
+     "--checkpoint-root"},
+    {"watch", &Config::watch,
+     "checkpoint directories measured as they appear, as YAML: {directories: "
+     "[{path: GLOB, model_id: ID}], poll_interval_seconds: S, "
+     "settle_seconds: S, inotify: BOOL}"},
     {"tls_cert_file", &Config::tls_cert_file,
      "PEM certificate chain of the gRPC port; with --tls-key-file: TLS; "
      "\"\": plaintext"},
@@ -463,6 +511,7 @@ absl::Status ValidateConfig(const Config& config) {
         "(0: no alert gauge)");
   }
   add(ValidateSecurityConfig(config));
+  add(ValidateCheckpointConfig(config));
   if (errors.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrJoin(errors, "; "));
 }
@@ -494,15 +543,22 @@ absl::StatusOr<CommandLine> ParseCommandLine(int argc,
   // that a value is spelled the same in the file and on the command line.
   constexpr int kKeyCount = sizeof(kKeys) / sizeof(kKeys[0]);
   std::vector<std::string> values(kKeyCount);
+  std::vector<std::vector<std::string>> lists(kKeyCount);  // list keys' flags
   std::vector<CLI::Option*> options(kKeyCount);
   for (int i = 0; i < kKeyCount; ++i) {
     const KeyReader& key = kKeys[i];
     const std::string flag =
-        "--" + absl::StrReplaceAll(key.name, {{"_", "-"}});
-    options[i] =
-        app.add_option(flag, values[i],
-                       absl::StrCat(key.help, " [", key.Text(defaults), "]"));
-    if (key.is_bool()) {
+        key.flag != nullptr ? std::string(key.flag)
+                            : "--" + absl::StrReplaceAll(key.name, {{"_", "-"}});
+    const std::string help =
+        absl::StrCat(key.help, " [", key.Text(defaults), "]");
+    options[i] = key.is_list() ? app.add_option(flag, lists[i], help)
+                               : app.add_option(flag, values[i], help);
+    if (key.is_list()) {
+      options[i]->type_name("DIR")->allow_extra_args(false);
+    } else if (key.is_section()) {
+      options[i]->type_name("YAML");
+    } else if (key.is_bool()) {
       // --per-head-metrics alone means true; --per-head-metrics=false too.
       options[i]->expected(0, 1)->default_str("true")->type_name("[BOOL]");
     } else {
@@ -545,6 +601,17 @@ absl::StatusOr<CommandLine> ParseCommandLine(int argc,
     std::string text = values[i];
     if (kKeys[i].is_bool() && options[i]->results().empty()) text = "true";
     YAML::Node node(text);
+    if (kKeys[i].is_list()) {
+      node = YAML::Node(YAML::NodeType::Sequence);
+      for (const std::string& item : lists[i]) node.push_back(item);
+    } else if (kKeys[i].is_section()) {
+      try {
+        node = YAML::Load(text);
+      } catch (const std::exception& e) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "flag ", options[i]->get_name(), ": not YAML: ", e.what()));
+      }
+    }
     absl::Status s = kKeys[i].Read(
         {absl::StrCat("flag ", options[i]->get_name()), 0}, node, &out.config);
     if (!s.ok()) return s;

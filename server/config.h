@@ -7,9 +7,11 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "server/watch_config.h"
 
 namespace rvd {
 
@@ -56,6 +58,10 @@ struct Config {
   int cuda_streams = 4;             // CUDA stream pool size
   uint64_t cuda_max_device_bytes = 4ull << 30;  // device memory rvd may hold
   int cuda_max_sms = 0;  // SMs rvd's persistent kernels may occupy; 0: all
+  // Directories under which rvd reads checkpoints itself (MeasurePath, the
+  // watch section); none: it reads none (server/path_policy.h).
+  std::vector<std::string> checkpoint_roots;
+  WatchConfig watch;  // checkpoint directories measured as they appear
   // gRPC transport security (server/security.h); all empty: plaintext.
   std::string tls_cert_file;       // PEM chain; with tls_key_file: TLS
   std::string tls_key_file;        // PEM private key of tls_cert_file

@@ -30,7 +30,8 @@ class RequestInterceptor final : public grpc::experimental::Interceptor {
   RequestInterceptor(Metrics* metrics, std::string method)
       : metrics_(metrics),
         method_(std::move(method)),
-        measures_(method_ == "Measure" || method_ == "MeasureStream") {
+        measures_(method_ == "Measure" || method_ == "MeasureStream" ||
+                  method_ == "MeasurePath") {
     if (measures_) metrics_->AddInflight(1);
   }
   // A call cancelled before its handler answered sends no status.

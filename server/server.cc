@@ -16,6 +16,8 @@
 #include "server/alert_rules.h"
 #include "server/alerts.h"
 #include "server/backend.h"
+#include "server/checkpoint_reader.h"
+#include "server/checkpoint_watcher.h"
 #include "server/compute_pool.h"
 #include "server/durable_history.h"
 #include "server/engine_health.h"
@@ -82,6 +84,50 @@ class ServerImpl final : public Server {
 
   ~ServerImpl() override { Shutdown(); }
 
+  // The checkpoint roots (MeasurePath) and the watcher, checked against the
+  // filesystem before serving: a root or a watched directory that does not
+  // exist stops the start.
+  absl::Status PrepareCheckpoints(const Config& config) {
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+        CheckpointReader::Create(config.checkpoint_roots);
+    if (!reader.ok()) return reader.status();
+    checkpoints_ = *std::move(reader);
+    service_.set_checkpoint_reader(checkpoints_.get());
+    for (const std::string& root : checkpoints_->policy().real_roots()) {
+      spdlog::info("checkpoint root {}: MeasurePath and watch read under it",
+                   root);
+    }
+    if (config.watch.directories.empty()) return absl::OkStatus();
+    WatchHooks hooks;
+    hooks.measure = [this](const std::string& path,
+                           const rvd::v1::MeasureHeader& header,
+                           const std::function<bool()>& stopping) {
+      return service_.MeasureCheckpoint(path, header, LoadOptions{},
+                                        absl::InfiniteFuture(), stopping,
+                                        "watch");
+    };
+    hooks.has_step = [this](const std::string& model_id, int64_t step) {
+      absl::StatusOr<std::vector<MeasurementLog::Entry>> kept =
+          history_.index().Get(model_id, 0);
+      if (!kept.ok()) return false;
+      return std::any_of(kept->begin(), kept->end(),
+                         [step](const auto& m) { return m->step() == step; });
+    };
+    absl::StatusOr<std::unique_ptr<CheckpointWatcher>> watcher =
+        CheckpointWatcher::Create(
+            config.watch, checkpoints_->policy(),
+            config.data_dir.empty()
+                ? std::string()
+                : config.data_dir + "/checkpoint_watch_seen.jsonl",
+            std::move(hooks));
+    if (!watcher.ok()) return watcher.status();
+    watcher_ = *std::move(watcher);
+    return absl::OkStatus();
+  }
+  void StartWatching() {
+    if (watcher_ != nullptr) watcher_->Start();
+  }
+
   absl::Status Listen(const Config& config) {
     if (!config.metrics_address.empty()) {
       absl::StatusOr<std::unique_ptr<prometheus::Exposer>> exposer =
@@ -142,6 +188,8 @@ class ServerImpl final : public Server {
 
   void Shutdown() override {
     std::call_once(shutdown_once_, [this] {
+      // No new checkpoint measurement; the one in progress leaves the queue.
+      if (watcher_ != nullptr) watcher_->Stop();
       health_watch_.reset();  // before the server it reports to goes
       if (grpc_ != nullptr) {
         grpc_->GetHealthCheckService()->SetServingStatus(false);
@@ -211,6 +259,8 @@ class ServerImpl final : public Server {
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<grpc::Server> grpc_;
   std::unique_ptr<EngineHealthWatch> health_watch_;
+  std::unique_ptr<CheckpointReader> checkpoints_;  // MeasurePath's, the watcher's
+  std::unique_ptr<CheckpointWatcher> watcher_;     // null: no watch section
   int port_ = 0;
   std::string security_;  // ServerSecurity::description, for the log
   std::once_flag shutdown_once_;
@@ -249,7 +299,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Config& config) {
                                              *std::move(log));
   if (absl::Status s = server->Restore(config); !s.ok()) return s;
   server->StartAlerts(*std::move(alert_rules));
+  if (absl::Status s = server->PrepareCheckpoints(config); !s.ok()) return s;
   if (absl::Status s = server->Listen(config); !s.ok()) return s;
+  server->StartWatching();
   spdlog::info("rvd {} serving gRPC on {} (port {}, {}), metrics on {}",
                RVD_VERSION, config.grpc_address, server->grpc_port(),
                server->security(),

@@ -111,11 +111,18 @@ absl::Status RvdService::Run(grpc::ServerContext* context,
                              const MeasureHeader& header,
                              const std::vector<std::string_view>& data,
                              Measurement* response) {
+  // IsCancelled is also true once the deadline has passed.
+  return RunUntil(Deadline(context), [context] { return context->IsCancelled(); },
+                  header, data, response);
+}
+
+absl::Status RvdService::RunUntil(absl::Time deadline,
+                                  const std::function<bool()>& gone,
+                                  const MeasureHeader& header,
+                                  const std::vector<std::string_view>& data,
+                                  Measurement* response) {
   InflightSlot slot(inflight_, limits_.max_inflight_requests);
   if (!slot.acquired()) return Busy(limits_.max_inflight_requests);
-  const absl::Time deadline = Deadline(context);
-  // IsCancelled is also true once the deadline has passed.
-  auto gone = [context] { return context->IsCancelled(); };
   // Set when the client goes or the shutdown grace runs out: the engine
   // call stops and nothing is recorded.
   std::atomic<bool> cancel{false};
@@ -323,6 +330,56 @@ grpc::Status RvdService::MeasureStream(grpc::ServerContext* context,
     data.emplace_back(buffer->data() + begin[i], begin[i + 1] - begin[i]);
   }
   return Finish(Run(context, header, data, response));
+}
+
+absl::StatusOr<Measurement> RvdService::MeasureCheckpoint(
+    const std::string& path, const MeasureHeader& header,
+    const LoadOptions& options, absl::Time deadline,
+    const std::function<bool()>& gone, const std::string& origin) {
+  if (checkpoints_ == nullptr) {
+    return absl::FailedPreconditionError("rvd reads no checkpoints itself");
+  }
+  std::string reason;
+  absl::StatusOr<ReadCheckpoint> read = checkpoints_->Read(
+      path, header, options, limits_.max_request_bytes, &reason);
+  if (!read.ok()) {
+    if (!reason.empty()) {
+      spdlog::warn("{}: refused to read {}: {} ({})", origin, LogEscape(path),
+                   LogEscape(reason), LogEscape(read.status().ToString()));
+    }
+    return read.status();
+  }
+  Measurement m;
+  m.set_receive_ms(read->load_ms);  // mapping and checking the files
+  if (absl::Status s = RunUntil(deadline, gone, read->header, read->data, &m);
+      !s.ok()) {
+    return s;
+  }
+  spdlog::info("{}: read {} ({} tensor bytes mapped, {:.3f} ms) for seq {}",
+               origin, LogEscape(read->real_path), read->bytes, read->load_ms,
+               m.sequence());
+  return m;
+}
+
+grpc::Status RvdService::MeasurePath(grpc::ServerContext* context,
+                                     const rvd::v1::MeasurePathRequest* request,
+                                     Measurement* response) {
+  if (request->num_heads() < 0 || request->num_kv_heads() < 0 ||
+      request->head_dim() < 0) {
+    return Finish(absl::InvalidArgumentError(
+        "MeasurePath: num_heads, num_kv_heads and head_dim must be >= 0"));
+  }
+  LoadOptions options;
+  options.arch = request->arch();
+  options.num_heads = request->num_heads();
+  options.num_kv_heads = request->num_kv_heads();
+  options.head_dim = request->head_dim();
+  absl::StatusOr<Measurement> m = MeasureCheckpoint(
+      request->path(), request->header(), options, Deadline(context),
+      [context] { return context->IsCancelled(); }, "MeasurePath");
+  if (!m.ok()) return Finish(m.status());
+  *response = *std::move(m);
+  return grpc::Status::OK;
 }
 
 grpc::Status RvdService::GetLatest(grpc::ServerContext*,

@@ -15,6 +15,7 @@
 #include "rvd/v1/rvd.grpc.pb.h"
 #include "server/alerts.h"
 #include "server/buffer_pool.h"
+#include "server/checkpoint_reader.h"
 #include "server/cancel_watch.h"
 #include "server/compute_pool.h"
 #include "server/history.h"
@@ -60,6 +61,26 @@ class RvdService final
   // The durable store GetHistory's range requests read (null: the rings).
   void set_store(const SqliteStore* store) { store_ = store; }
 
+  // The reader of checkpoints on rvd's host (MeasurePath, the watcher);
+  // called before serving; it must outlive the service.
+  void set_checkpoint_reader(const CheckpointReader* reader) {
+    checkpoints_ = reader;
+  }
+
+  // Measures the checkpoint at `path`, read by rvd itself (the reader set
+  // above: nothing crosses gRPC), for `header` (no tensors), as a
+  // streamed measurement is computed, stored and logged; `deadline` and
+  // `gone` as a client's. A refusal of the reader's path policy is logged
+  // with its reason, naming `origin` ("MeasurePath", "watch").
+  // FAILED_PRECONDITION without a reader.
+  absl::StatusOr<rvd::v1::Measurement> MeasureCheckpoint(
+      const std::string& path, const rvd::v1::MeasureHeader& header,
+      const LoadOptions& options, absl::Time deadline,
+      const std::function<bool()>& gone, const std::string& origin);
+
+  grpc::Status MeasurePath(grpc::ServerContext* context,
+                           const rvd::v1::MeasurePathRequest* request,
+                           rvd::v1::Measurement* response) override;
   grpc::Status Measure(grpc::ServerContext* context,
                        const rvd::v1::MeasureRequest* request,
                        rvd::v1::Measurement* response) override;
@@ -100,6 +121,12 @@ class RvdService final
                    const rvd::v1::MeasureHeader& header,
                    const std::vector<std::string_view>& data,
                    rvd::v1::Measurement* response);
+  // Run with the caller's deadline and "gone" test (true once the caller
+  // has cancelled or its deadline has passed) in place of a gRPC context.
+  absl::Status RunUntil(absl::Time deadline, const std::function<bool()>& gone,
+                        const rvd::v1::MeasureHeader& header,
+                        const std::vector<std::string_view>& data,
+                        rvd::v1::Measurement* response);
   // Receives a stream's tensors after its header into `buffer`, which grows
   // as bytes arrive within `reservation` (the global byte budget).
   absl::Status ReceiveStream(grpc::ServerContext* context,
@@ -124,6 +151,8 @@ class RvdService final
   CancelWatch cancel_watch_;          // a gone caller's flag stops its engine call
   std::atomic<int64_t> inflight_{0};  // measurements in the compute phase
   std::atomic<bool> stopping_{false};  // set by StopWatches
+  // MeasurePath's reader (set before serving); null: FAILED_PRECONDITION.
+  const CheckpointReader* checkpoints_ = nullptr;
   AlertEngine* alerts_ = nullptr;      // see set_alerts
 };
 

@@ -288,11 +288,21 @@ std::string SomeNames(const std::map<std::string, Located>& all) {
 }
 
 // The shard files of a model directory.
-absl::StatusOr<std::vector<std::string>> ShardPaths(const fs::path& dir) {
+// The path to open for `path`: options.resolve_file's answer, or `path`.
+absl::StatusOr<std::string> PathToOpen(const LoadOptions& options,
+                                       const std::string& path) {
+  if (!options.resolve_file) return path;
+  return options.resolve_file(path);
+}
+
+absl::StatusOr<std::vector<std::string>> ShardPaths(
+    const fs::path& dir, const LoadOptions& options) {
   const fs::path index = dir / "model.safetensors.index.json";
   std::error_code ec;
   if (fs::exists(index, ec)) {
-    absl::StatusOr<Json> j = ReadJsonFile(index.string());
+    absl::StatusOr<std::string> index_path = PathToOpen(options, index.string());
+    if (!index_path.ok()) return index_path.status();
+    absl::StatusOr<Json> j = ReadJsonFile(*index_path);
     if (!j.ok()) return j.status();
     auto map = j->find("weight_map");
     if (map == j->end() || !map->is_object() || map->empty()) {
@@ -548,11 +558,13 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path,
     const fs::path dir(path);
     if (fs::exists(dir / "config.json", ec)) {
       config_path = (dir / "config.json").string();
-      absl::StatusOr<Json> j = ReadJsonFile(config_path);
+      absl::StatusOr<std::string> open_path = PathToOpen(options, config_path);
+      if (!open_path.ok()) return open_path.status();
+      absl::StatusOr<Json> j = ReadJsonFile(*open_path);
       if (!j.ok()) return j.status();
       config = *std::move(j);
     }
-    absl::StatusOr<std::vector<std::string>> shards = ShardPaths(dir);
+    absl::StatusOr<std::vector<std::string>> shards = ShardPaths(dir, options);
     if (!shards.ok()) return shards.status();
     shard_paths = *std::move(shards);
   } else {
@@ -560,7 +572,9 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path,
   }
   model.files.reserve(shard_paths.size());
   for (const std::string& p : shard_paths) {
-    absl::StatusOr<SafetensorsFile> f = SafetensorsFile::Open(p);
+    absl::StatusOr<std::string> open_path = PathToOpen(options, p);
+    if (!open_path.ok()) return open_path.status();
+    absl::StatusOr<SafetensorsFile> f = SafetensorsFile::Open(*open_path);
     if (!f.ok()) return f.status();
     model.files.push_back(*std::move(f));
   }

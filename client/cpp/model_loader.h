@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -128,6 +129,12 @@ struct LoadOptions {
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
+  // When set, every file LoadModel reads (config.json, the shard index, each
+  // .safetensors file) is first passed through it, and the path it returns
+  // is the one opened; an error ends the load with that error. The daemon's
+  // checkpoint-root policy (server/path_policy.h) is one.
+  std::function<absl::StatusOr<std::string>(const std::string& path)>
+      resolve_file;
 };
 
 // Loads the V tensors of the checkpoint at `path`: a directory holding

@@ -93,6 +93,18 @@ absl::StatusOr<rvd::v1::Measurement> RvdClient::Measure(
   return response;
 }
 
+absl::StatusOr<rvd::v1::Measurement> RvdClient::MeasurePath(
+    const rvd::v1::MeasurePathRequest& request) {
+  grpc::ClientContext context;
+  rvd::v1::Measurement response;
+  if (absl::Status s =
+          FromGrpc(stub_->MeasurePath(&context, request, &response));
+      !s.ok()) {
+    return s;
+  }
+  return response;
+}
+
 absl::StatusOr<rvd::v1::Measurement> RvdClient::GetLatest(
     const std::string& model_id) {
   grpc::ClientContext context;

@@ -41,6 +41,13 @@ class RvdClient {
       const rvd::v1::MeasureHeader& header, const LoadedModel& model,
       const ProgressFn& progress);
 
+  // Asks rvd to read the checkpoint at request.path itself (MeasurePath:
+  // nothing is sent but the request). rvd refuses a path it cannot see or
+  // may not read (FAILED_PRECONDITION, PERMISSION_DENIED, NOT_FOUND): the
+  // caller then streams with Measure.
+  absl::StatusOr<rvd::v1::Measurement> MeasurePath(
+      const rvd::v1::MeasurePathRequest& request);
+
   absl::StatusOr<rvd::v1::Measurement> GetLatest(const std::string& model_id);
   absl::StatusOr<std::vector<rvd::v1::Measurement>> GetHistory(
       const std::string& model_id, uint32_t limit);
