@@ -139,6 +139,27 @@ bool IsLoopbackHost(absl::string_view host) {
   return first == 127;
 }
 
+std::string ExposureWarning(const Config& config) {
+  absl::StatusOr<HostPort> hp =
+      ParseHostPort("config key 'grpc_address'", config.grpc_address);
+  if (!hp.ok() || IsLoopbackHost(hp->host)) return "";
+  if (config.tls_cert_file.empty()) {
+    return absl::StrCat(
+        "gRPC on ", config.grpc_address,
+        " is plaintext and reachable from other hosts: anyone who reaches it "
+        "can measure and read history (set tls_cert_file and tls_key_file, "
+        "and auth_token_file or tls_client_ca_file)");
+  }
+  if (config.auth_token_file.empty() && config.tls_client_ca_file.empty()) {
+    return absl::StrCat(
+        "gRPC on ", config.grpc_address,
+        " is reachable from other hosts over TLS that authenticates no "
+        "client: anyone who reaches it can measure and read history (set "
+        "auth_token_file or tls_client_ca_file)");
+  }
+  return "";
+}
+
 bool IsOpenMethod(absl::string_view path) {
   return absl::StartsWith(path, "/grpc.health.v1.Health/");
 }

@@ -62,6 +62,11 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 // True for localhost, 127.0.0.0/8 and [::1]: hosts no other machine reaches.
 bool IsLoopbackHost(absl::string_view host);
 
+// What the start log warns about when grpc_address is reachable from other
+// hosts (not IsLoopbackHost): plaintext, or TLS that authenticates no
+// client (neither a token nor a client CA). "": nothing to warn about.
+std::string ExposureWarning(const Config& config);
+
 // The gRPC method paths served without a token (health checking).
 bool IsOpenMethod(absl::string_view path);
 

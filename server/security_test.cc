@@ -113,6 +113,23 @@ TEST(IsLoopbackHostTest, LoopbackOnly) {
   }
 }
 
+TEST(ExposureWarningTest, NonLoopbackWithoutClientAuthentication) {
+  Config c;  // 127.0.0.1, plaintext
+  EXPECT_EQ(ExposureWarning(c), "");
+  c.grpc_address = "[::1]:50051";
+  EXPECT_EQ(ExposureWarning(c), "");
+  c.grpc_address = "0.0.0.0:50051";
+  EXPECT_THAT(ExposureWarning(c), HasSubstr("0.0.0.0:50051 is plaintext"));
+  c.tls_cert_file = "c.pem";
+  c.tls_key_file = "k.pem";
+  EXPECT_THAT(ExposureWarning(c), HasSubstr("authenticates no client"));
+  c.auth_token_file = "t";
+  EXPECT_EQ(ExposureWarning(c), "");
+  c.auth_token_file.clear();
+  c.tls_client_ca_file = "ca.pem";
+  EXPECT_EQ(ExposureWarning(c), "");
+}
+
 class TempFile {
  public:
   explicit TempFile(const std::string& content) {

@@ -142,16 +142,8 @@ class ServerImpl final : public Server {
     absl::StatusOr<ServerSecurity> security = MakeServerSecurity(config);
     if (!security.ok()) return security.status();
     security_ = security->description;
-    if (!security->tls) {
-      absl::StatusOr<HostPort> hp =
-          ParseHostPort("config key 'grpc_address'", config.grpc_address);
-      if (hp.ok() && !IsLoopbackHost(hp->host)) {
-        spdlog::warn(
-            "gRPC on {} is plaintext and reachable from other hosts: anyone "
-            "who reaches it can measure and read history (set tls_cert_file "
-            "and tls_key_file, and auth_token_file or tls_client_ca_file)",
-            config.grpc_address);
-      }
+    if (std::string warning = ExposureWarning(config); !warning.empty()) {
+      spdlog::warn("{}", warning);
     }
     grpc::ServerBuilder builder;
     builder.AddListeningPort(config.grpc_address, security->credentials,

@@ -238,5 +238,13 @@ def test_plaintext_on_a_non_loopback_address_warns(tmp_path, pki):
                **tls_config(pki, grpc_address=f"0.0.0.0:{free_port()}"))
     try:
         assert "plaintext" not in d.log_text()
+        assert "TLS that authenticates no client" in d.log_text()
+    finally:
+        d.stop()
+    d = Daemon(tmp_path, credentials=server_creds(pki),
+               **tls_config(pki, grpc_address=f"0.0.0.0:{free_port()}",
+                            auth_token_file=str(pki / "token")))
+    try:
+        assert "reachable from other hosts" not in d.log_text()
     finally:
         d.stop()
