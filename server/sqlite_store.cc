@@ -774,24 +774,51 @@ absl::StatusOr<std::vector<MeasurementLog::Entry>> SqliteStore::LoadRecent(
     size_t per_model) const {
   std::vector<Entry> out;
   absl::MutexLock lock(&read_mu_);
-  Stmt sel;
-  const std::string sql =
-      per_model == 0
-          ? std::string("SELECT body FROM measurements ORDER BY seq")
-          : absl::StrCat(
-                "SELECT body FROM (SELECT seq, body, row_number() OVER "
-                "(PARTITION BY model_id ORDER BY seq DESC) AS rn FROM "
-                "measurements) WHERE rn <= ",
-                per_model, " ORDER BY seq");
-  if (absl::Status s = Prepare(rdb_, sql, &sel); !s.ok()) return s;
-  int rc;
-  while ((rc = sqlite3_step(sel.get())) == SQLITE_ROW) {
-    absl::StatusOr<Entry> e = Decode(sqlite3_column_blob(sel.get(), 0),
-                                     sqlite3_column_bytes(sel.get(), 0));
-    if (!e.ok()) return e.status();
-    out.push_back(*std::move(e));
+  // Model by model through the (model_id, seq) index, so that the work is
+  // what is loaded, not what is stored; then one sort by sequence.
+  std::vector<std::string> models;
+  {
+    Stmt ids;
+    if (absl::Status s =
+            Prepare(rdb_, "SELECT DISTINCT model_id FROM measurements", &ids);
+        !s.ok()) {
+      return s;
+    }
+    int rc;
+    while ((rc = sqlite3_step(ids.get())) == SQLITE_ROW) {
+      const char* id =
+          reinterpret_cast<const char*>(sqlite3_column_text(ids.get(), 0));
+      models.emplace_back(id == nullptr ? "" : id);
+    }
+    if (rc != SQLITE_DONE) return SqlError(rdb_, rc, "listing models");
   }
-  if (rc != SQLITE_DONE) return SqlError(rdb_, rc, "loading history");
+  Stmt sel;
+  if (absl::Status s = Prepare(
+          rdb_,
+          "SELECT body FROM measurements WHERE model_id = ? ORDER BY seq DESC "
+          "LIMIT ?",
+          &sel);
+      !s.ok()) {
+    return s;
+  }
+  for (const std::string& id : models) {
+    sqlite3_reset(sel.get());
+    sqlite3_bind_text(sel.get(), 1, id.data(), static_cast<int>(id.size()),
+                      SQLITE_STATIC);
+    sqlite3_bind_int64(sel.get(), 2,
+                       per_model == 0 ? -1 : static_cast<int64_t>(per_model));
+    int rc;
+    while ((rc = sqlite3_step(sel.get())) == SQLITE_ROW) {
+      absl::StatusOr<Entry> e = Decode(sqlite3_column_blob(sel.get(), 0),
+                                       sqlite3_column_bytes(sel.get(), 0));
+      if (!e.ok()) return e.status();
+      out.push_back(*std::move(e));
+    }
+    if (rc != SQLITE_DONE) return SqlError(rdb_, rc, "loading history");
+  }
+  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) {
+    return a->sequence() < b->sequence();
+  });
   return out;
 }
 
