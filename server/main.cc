@@ -141,14 +141,16 @@ int main(int argc, char** argv) {
                strsignal(signal), rvd::Server::kShutdownGrace.count());
   // Shutdown cancels in-flight calls at the grace deadline, and their engine
   // calls stop at the next checkpoint (a tile, a chunk); one that still does
-  // not return (a long BLAS or cuSOLVER call) is not waited for.
+  // not return (a long BLAS or cuSOLVER call) is not waited for. The 2 s
+  // past the grace are for that checkpoint and the teardown of gRPC and the
+  // metrics server (about 1 s).
   absl::Notification stopped;
   std::thread stopper([&] {
     (*server)->Shutdown();
     stopped.Notify();
   });
   if (!stopped.WaitForNotificationWithTimeout(
-          absl::FromChrono(rvd::Server::kShutdownGrace) + absl::Seconds(1))) {
+          absl::FromChrono(rvd::Server::kShutdownGrace) + absl::Seconds(2))) {
     spdlog::warn(
         "in-flight work did not finish within the grace period: cancelled; "
         "exiting without it");

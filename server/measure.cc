@@ -71,7 +71,7 @@ bool IsSet(const std::atomic<bool>* cancel) {
 absl::Status Cancelled() {
   return absl::CancelledError(
       "the request was cancelled (client gone, deadline passed or rvd "
-      "shutting down) during the computation; nothing was recorded");
+      "shutting down) during the computation; the result was not recorded");
 }
 
 double GeometricMean(const std::vector<double>& values) {
