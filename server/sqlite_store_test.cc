@@ -4,11 +4,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
+#include <thread>
 #include <variant>
 #include <vector>
 
@@ -374,6 +376,46 @@ TEST(SqliteStoreTest, IntervalSyncFsyncsTheWal) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   EXPECT_GE(s->Stats().syncs_total, 1u);
+}
+
+// Readers on their own connection while the writer appends and deletes:
+// every read is in sequence order and within what was assigned.
+TEST(SqliteStoreTest, ReadersRunBesideTheWriter) {
+  TempDir dir;
+  StoreOptions o;
+  o.memory_window = 16;  // most replays go to the disk
+  auto s = MustOpen(dir.path(), o);
+  std::atomic<bool> done{false};
+  std::atomic<int> bad{0};
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 3; ++r) {
+    readers.emplace_back([&, r] {
+      while (!done.load()) {
+        const uint64_t last = s->LastSequence();
+        absl::StatusOr<std::vector<MeasurementLog::Entry>> es =
+            r == 0 ? s->Read(0, last, 1000)
+                   : r == 1 ? s->Query("a", StoreQuery{}) : s->LoadRecent(8);
+        if (!es.ok()) {
+          ++bad;
+          continue;
+        }
+        for (size_t i = 1; i < es->size(); ++i) {
+          if ((*es)[i - 1]->sequence() >= (*es)[i]->sequence()) ++bad;
+        }
+        if (r == 0 && !es->empty() && es->back()->sequence() > last) ++bad;
+      }
+    });
+  }
+  int failed_writes = 0;  // no ASSERT here: the readers must be joined
+  for (int i = 1; i <= 300; ++i) {
+    if (!s->Append(Make(i % 2 ? "a" : "b", i)).ok()) ++failed_writes;
+    if (i % 50 == 0 && !s->DeleteModel("b").ok()) ++failed_writes;
+  }
+  done.store(true);
+  for (std::thread& t : readers) t.join();
+  EXPECT_EQ(failed_writes, 0);
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(s->Query("a", StoreQuery{})->size(), 150u);
 }
 
 // The store under History, as rvd runs it: the index rebuilt at start, a
