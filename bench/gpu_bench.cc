@@ -59,6 +59,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/dev/fused_probes.h"
 #include "kernels/cuda/cuda_engine.h"
 #include "kernels/cuda/fused_plan.h"
 #include "kernels/cuda/kernels.h"
@@ -373,7 +374,7 @@ int TimeAlone(const std::function<cudaError_t(int)>& launch, int r, bool spin,
               cudaStream_t stream, double* ms);
 
 // --probe: times the bf16 v2 kernel alone with parts left out or K split
-// across blocks (kernels.h, LaunchFusedV2Probe), to place the time.
+// across blocks (bench/dev/fused_probes.h, LaunchFusedV2Probe), to place the time.
 int Probe(cudaStream_t stream, int reps, nlohmann::json* out) {
   struct V {
     const char* name;
@@ -446,7 +447,7 @@ int Probe(cudaStream_t stream, int reps, nlohmann::json* out) {
 // warm-up); per kernel the median of the round medians and the spread
 // (max - min).
 //
-// Besides the live kernels, v4's probes (kernels.h, LaunchFusedV4Probe):
+// Besides the live kernels, v4's probes (bench/dev/fused_probes.h, LaunchFusedV4Probe):
 // the exact one ("v4-chain1") takes part in both tables, the
 // others (wrong on purpose) in the timing only.
 struct Contender {

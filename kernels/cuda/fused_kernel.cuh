@@ -163,7 +163,14 @@ __device__ __forceinline__ void TileStats(const unsigned char* tile,
   }
 }
 
-template <typename T, bool kTall, bool kMutant>
+// The product's choice at the point the GPU tests' mutant changes
+// (fused_mutant.cu instantiates the kernel with its own struct): the warp
+// tile (wi, wj) reads its B operand at column tile wj.
+struct Product {
+  static __device__ __forceinline__ int BTile(int /*wi*/, int wj) { return wj; }
+};
+
+template <typename T, bool kTall, class Hooks>
 __device__ __forceinline__ void FusedBody(const MatrixDesc& m,
                                           const FusedJob& job, int operands,
                                           unsigned char* smem, double* g2_out,
@@ -250,7 +257,7 @@ __device__ __forceinline__ void FusedBody(const MatrixDesc& m,
     for (int t = 0; t < kMaxWarpTiles; ++t) {
       if (!active[t]) continue;
       const int r0 = wi[t] * kWT;
-      const int c0 = (kMutant ? wi[t] : wj[t]) * kWT;  // the mutant's bug
+      const int c0 = Hooks::BTile(wi[t], wj[t]) * kWT;
       // A fresh accumulator per K-slice, added to acc with IEEE round to
       // nearest: the tensor cores' accumulation truncates, and over K = 4096
       // its bias reached 1e-5 of PR (measured on the H200); per slice it is
@@ -346,7 +353,7 @@ __device__ __forceinline__ void FusedBody(const MatrixDesc& m,
 // Block b runs jobs b, b + gridDim.x, ... (the grid is the job count, or
 // fewer blocks under the SM cap: fused_plan.h, ProductGrid); job j's sums
 // go to slot j, so the grid changes no result.
-template <typename T, bool kMutant>
+template <typename T, class Hooks = Product>
 __global__ void __launch_bounds__(kThreads, 1)
     FusedKernel(const MatrixDesc* __restrict__ mats,
                 const FusedJob* __restrict__ jobs, int num_jobs, int operands,
@@ -356,9 +363,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const FusedJob job = jobs[j];
     const MatrixDesc m = mats[job.matrix];
     if (m.tall) {
-      FusedBody<T, true, kMutant>(m, job, operands, smem, g2 + j, trace + j, maxabs + j);
+      FusedBody<T, true, Hooks>(m, job, operands, smem, g2 + j, trace + j, maxabs + j);
     } else {
-      FusedBody<T, false, kMutant>(m, job, operands, smem, g2 + j, trace + j, maxabs + j);
+      FusedBody<T, false, Hooks>(m, job, operands, smem, g2 + j, trace + j, maxabs + j);
     }
     __syncthreads();  // the next job's loads reuse the stages and the block sums
   }

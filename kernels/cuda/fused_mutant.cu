@@ -1,4 +1,6 @@
-// Test build only: deliberately wrong fused kernels, v1 (tall) and v2
+// Test build only: deliberately wrong fused kernels, the product's kernel
+// templates instantiated with a hook struct that breaks one point (the
+// product module holds no mutant instance). v1 (tall) and v2
 // (wide): the B operand of every warp tile is read from the row block
 // instead of the column block; v4: the B operand's K offset is one k-step
 // off (bf16); f32, a scale that does not fit is kept, and a block's first
@@ -12,6 +14,24 @@
 #include "kernels/cuda/fused_v4_launch.cuh"
 
 namespace rvd::cuda {
+namespace mutant {
+
+// v1: the warp tile (wi, wj) reads B at its row tile wi: one wrong index.
+struct V1 {
+  static __device__ __forceinline__ int BTile(int wi, int /*wj*/) { return wi; }
+};
+
+// v2/v3: every slot reads B at its row strip's rows (masked into the B
+// tile), and RoleSliceMma's slots all at the strip's first: one wrong index.
+struct V2 : fused_v2::Product {
+  static __device__ __forceinline__ int BGroup(int strip, int /*grp*/, bool diag) {
+    return strip & (diag ? 7 : 3);
+  }
+  static constexpr int kBStride = 0;
+};
+
+}  // namespace mutant
+
 namespace {
 
 cudaError_t LaunchFusedMutant(DType dtype, const MatrixDesc* mats,
@@ -19,7 +39,7 @@ cudaError_t LaunchFusedMutant(DType dtype, const MatrixDesc* mats,
                               bool any_offdiagonal, double* g2, double* trace,
                               float* maxabs, cudaStream_t stream, int grid) {
   if (dtype != DType::kBF16) return cudaErrorNotSupported;  // one instance
-  return fused::LaunchFusedT<__nv_bfloat16, true>(
+  return fused::LaunchFusedT<__nv_bfloat16, mutant::V1>(
       mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, grid, stream);
 }
 
@@ -29,7 +49,7 @@ cudaError_t LaunchFusedV2Mutant(DType dtype, const MatrixDesc* mats,
                                 double* trace, float* maxabs,
                                 cudaStream_t stream, int grid) {
   if (dtype != DType::kBF16) return cudaErrorNotSupported;  // one instance
-  return fused_v2::LaunchFusedV2T<__nv_bfloat16, true>(
+  return fused_v2::LaunchFusedV2T<__nv_bfloat16, mutant::V2>(
       mats, jobs, num_jobs, any_offdiagonal, g2, trace, maxabs, grid, stream);
 }
 

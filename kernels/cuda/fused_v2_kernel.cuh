@@ -535,40 +535,55 @@ __device__ __forceinline__ SlotMap SlotAt(bool diag, int warp, int s, int vr,
   return m;
 }
 
-// Shared-memory offset of slot m's B fragment rows for this lane. The
-// mutant reads the row strip's rows as the column group: one wrong index
-// (masked into the B tile). Inactive slots read group 0 (a valid address;
+// The product's choices at the points a GPU test's mutant
+// (fused_mutant.cu) or a benchmark probe (bench/dev/fused_probes.cu)
+// changes: each instantiates the kernel with its own struct of the same
+// members. The product's are the plain code (every call inlines to what
+// the kernel would read without them).
+struct Product {
+  // The column group whose W rows slot (strip, grp) reads as B: its own.
+  static __device__ __forceinline__ int BGroup(int /*strip*/, int grp, bool /*diag*/) {
+    return grp;
+  }
+  // B rows between a strip's consecutive slots (RoleSliceMma).
+  static constexpr int kBStride = 16 * kRowBytes;
+  // Unit u of a launch is job u with all its K-slices in order: slice i of
+  // the unit is K-slice Slice(i, first, nks, rot) for the range Slices sets.
+  static __device__ __forceinline__ int Job(int unit) { return unit; }
+  static __device__ __forceinline__ void Slices(int /*unit*/, int /*job*/, int* /*first*/,
+                                                int* /*nks*/, int* /*rot*/) {}
+  static __device__ __forceinline__ int Slice(int i, int /*first*/, int /*nks*/, int /*rot*/) {
+    return i;
+  }
+  // Whether the slices after the prologue's are loaded, and multiplied.
+  static __device__ __forceinline__ bool LoadsAfterPrologue() { return true; }
+  static __device__ __forceinline__ bool Multiplies() { return true; }
+};
+
+// Shared-memory offset of slot m's B fragment rows for this lane (the
+// group Hooks::BGroup picks). Inactive slots read group 0 (a valid address;
 // their sums are left out).
-template <bool kMutant>
+template <class Hooks>
 __device__ __forceinline__ uint32_t BOff(const SlotMap& m, bool diag, int lane) {
-  const int bg = kMutant ? (m.strip & (diag ? 7 : 3)) : m.grp;
+  const int bg = Hooks::BGroup(m.strip, m.grp, diag);
   return (16 * (m.act ? bg : 0) + (lane & 15)) * kRowBytes + (lane >> 4) * 16;
 }
-
-// Probe flags (kProbe instances only, for the benchmark's --probe
-// experiments; the product's instances compile them out).
-enum ProbeFlags : int {
-  kProbeNoMma = 1,    // skip the ldmatrix/MMA work
-  kProbeNoLoads = 2,  // load only the prologue's slices
-  kProbeRotate = 4,   // start each block at a different K-slice
-};
 
 // kChain: 0 = v2 (a fresh accumulator per MMA, per-slot branches in
 // diagonal-only launches, SliceMma otherwise); >= 1 = v3 (kChain k-steps per
 // fresh accumulator, RoleSliceMma for jobs inside the matrix).
-// One unit of a launch: job `unit` (the probe: part unit % splits of job
-// unit / splits), its sums to slot `unit`.
-template <typename T, bool kMutant, int kStages, int kChain, bool kProbe>
+// One unit of a launch (job Hooks::Job(unit): the product's unit u is job
+// u), its sums to slot `unit`.
+template <typename T, class Hooks, int kStages, int kChain>
 __device__ __forceinline__ void FusedV2Unit(const MatrixDesc* __restrict__ mats,
                                             const FusedJobV2* __restrict__ jobs, int unit,
                                             int stage_bytes, double* __restrict__ g2,
                                             double* __restrict__ trace,
-                                            float* __restrict__ maxabs, int probe,
-                                            int splits) {
+                                            float* __restrict__ maxabs) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr bool kTf32 = ::cuda::std::is_same_v<T, float>;
   constexpr int kBK = kSliceBytes / static_cast<int>(sizeof(T));
-  const int job_index = kProbe ? unit / splits : unit;
+  const int job_index = Hooks::Job(unit);
   const FusedJobV2 job = jobs[job_index];
   const MatrixDesc m = mats[job.matrix];
   const bool diag = job.diagonal != 0;
@@ -628,10 +643,10 @@ __device__ __forceinline__ void FusedV2Unit(const MatrixDesc* __restrict__ mats,
     if (full) role = !diag ? 0 : ((warp & 1) == 0 ? 1 : 2 + (3 - (warp >> 1)));
     // The first slot of each strip (odd warps: strip1's first is n0).
     const int n0 = (warp & 1) != 0 && diag ? 3 - (warp >> 1) : 0;
-    rb0 = BOff<kMutant>(SlotAt(diag, warp, 0, vr, vc), diag, lane);
-    rb1 = BOff<kMutant>(SlotAt(diag, warp, n0, vr, vc), diag, lane);
+    rb0 = BOff<Hooks>(SlotAt(diag, warp, 0, vr, vc), diag, lane);
+    rb1 = BOff<Hooks>(SlotAt(diag, warp, n0, vr, vc), diag, lane);
   }
-  constexpr int kBStride = kMutant ? 0 : 16 * kRowBytes;
+  constexpr int kBStride = Hooks::kBStride;
 
   const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const int lrow = lane & 15, lbyte = (lane >> 4) * 16;
@@ -640,10 +655,8 @@ __device__ __forceinline__ void FusedV2Unit(const MatrixDesc* __restrict__ mats,
   uint32_t b_off[kSlots];
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
-    // The mutant reads the row strip's rows as the column group: one wrong
-    // index (masked into the B tile). Inactive slots read group 0 (a valid
-    // address; their sums are left out).
-    const int bg = kMutant ? ((use1[s] ? strip1 : strip0) & (diag ? 7 : 3)) : grp[s];
+    // Inactive slots read group 0 (a valid address; their sums are left out).
+    const int bg = Hooks::BGroup(use1[s] ? strip1 : strip0, grp[s], diag);
     b_off[s] = (16 * (act[s] ? bg : 0) + lrow) * kRowBytes + lbyte;
   }
 
@@ -666,16 +679,11 @@ __device__ __forceinline__ void FusedV2Unit(const MatrixDesc* __restrict__ mats,
   uint32_t tbits = 0;  // kTraceFromGram: RowMax16's two u16 lanes
   int nks = (m.k + kBK - 1) / kBK;
   int first = 0, rot = 0;
-  if constexpr (kProbe) {
-    const int split = unit % splits;
-    first = split * nks / splits;
-    nks = (split + 1) * nks / splits - first;
-    if ((probe & kProbeRotate) && nks > 0) rot = (job_index * 5 + split) % nks;
-  }
-  // Slice i of this block: K-slice first + (i + rot) mod nks.
+  Hooks::Slices(unit, job_index, &first, &nks, &rot);
+  // Slice i of this unit: K-slice Hooks::Slice(i, first, nks, rot) (the product's: i).
   auto load = [&](int i) {
     unsigned char* st = smem + (i % kStages) * stage_bytes;
-    const int ks = kProbe ? first + (i + rot) % nks : i;
+    const int ks = Hooks::Slice(i, first, nks, rot);
     LoadRows<T, kRowTile>(m, job.row0, ks, st);
     if (!diag) LoadRows<T, kColTile>(m, job.col0, ks, st + kABytes);
   };
@@ -688,7 +696,7 @@ __device__ __forceinline__ void FusedV2Unit(const MatrixDesc* __restrict__ mats,
   for (int ks = 0; ks < nks; ++ks) {
     V2CpAsyncWait<kStages - 2>();
     __syncthreads();  // slice ks landed; slice ks - 1's stage is free
-    if (ks + kStages - 1 < nks && !(kProbe && (probe & kProbeNoLoads))) {
+    if (ks + kStages - 1 < nks && Hooks::LoadsAfterPrologue()) {
       load(ks + kStages - 1);
     }
     V2CpAsyncCommit();
@@ -701,7 +709,7 @@ __device__ __forceinline__ void FusedV2Unit(const MatrixDesc* __restrict__ mats,
         RowStats<T>(smem + st, &tsum, &tmax);
       }
     }
-    if (!any || (kProbe && (probe & kProbeNoMma))) continue;
+    if (!any || !Hooks::Multiplies()) continue;
     const uint32_t a_base = sbase + st;
     const uint32_t b_base = diag ? a_base : a_base + kABytes;
 
@@ -739,7 +747,7 @@ __device__ __forceinline__ void FusedV2Unit(const MatrixDesc* __restrict__ mats,
 #pragma unroll
           for (int s = 0; s < kSlots; ++s) {
             const SlotMap sm = SlotAt(diag, warp, s, vr, vc);
-            eb[s] = BOff<kMutant>(sm, diag, lane);
+            eb[s] = BOff<Hooks>(sm, diag, lane);
             eu[s] = sm.use1;
           }
           if (diag) {
@@ -857,15 +865,14 @@ __device__ __forceinline__ void FusedV2Unit(const MatrixDesc* __restrict__ mats,
 // Block b runs units b, b + gridDim.x, ... of `units` (the grid is the unit
 // count, or fewer blocks under the SM cap: fused_plan.h, ProductGrid); each
 // unit's sums go to its own slot, so the grid changes no result.
-template <typename T, bool kMutant, int kStages, int kChain, bool kProbe = false>
+template <typename T, class Hooks, int kStages, int kChain>
 __global__ void __launch_bounds__(kThreads, 2)
     FusedV2Kernel(const MatrixDesc* __restrict__ mats,
                   const FusedJobV2* __restrict__ jobs, int units, int stage_bytes,
                   double* __restrict__ g2, double* __restrict__ trace,
-                  float* __restrict__ maxabs, int probe, int splits) {
+                  float* __restrict__ maxabs) {
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    FusedV2Unit<T, kMutant, kStages, kChain, kProbe>(mats, jobs, u, stage_bytes, g2, trace,
-                                                     maxabs, probe, splits);
+    FusedV2Unit<T, Hooks, kStages, kChain>(mats, jobs, u, stage_bytes, g2, trace, maxabs);
     __syncthreads();  // the next unit's loads reuse the stages and the block sums
   }
 }

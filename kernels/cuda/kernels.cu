@@ -36,7 +36,7 @@ cudaError_t LaunchFused(DType dtype, const MatrixDesc* mats,
                         const FusedJob* jobs, int num_jobs,
                         bool any_offdiagonal, double* g2, double* trace,
                         float* maxabs, cudaStream_t stream, int grid) {
-  return fused::LaunchFusedDispatch<false>(dtype, mats, jobs, num_jobs, any_offdiagonal, g2,
+  return fused::LaunchFusedDispatch<fused::Product>(dtype, mats, jobs, num_jobs, any_offdiagonal, g2,
                                            trace, maxabs, grid, stream);
 }
 
@@ -44,7 +44,7 @@ cudaError_t LaunchFusedV2(DType dtype, const MatrixDesc* mats,
                           const FusedJobV2* jobs, int num_jobs,
                           bool any_offdiagonal, double* g2, double* trace,
                           float* maxabs, cudaStream_t stream, int grid) {
-  return fused_v2::LaunchFusedV2Dispatch<false>(dtype, mats, jobs, num_jobs, any_offdiagonal,
+  return fused_v2::LaunchFusedV2Dispatch<fused_v2::Product>(dtype, mats, jobs, num_jobs, any_offdiagonal,
                                                 g2, trace, maxabs, grid, stream);
 }
 

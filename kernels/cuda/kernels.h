@@ -37,28 +37,12 @@ cudaError_t LaunchFusedV2(DType dtype, const MatrixDesc* mats,
                           bool any_offdiagonal, double* g2, double* trace,
                           float* maxabs, cudaStream_t stream, int grid = 0);
 
-// Benchmark hook (rvd_bench_gpu --probe; bench/dev/fused_probes.cu, linked
-// into the bench only): bf16 v2 with probe flags (1: no
-// MMA, 2: no loads after the prologue, 4: rotated K start) and `splits`
-// blocks per job over contiguous parts of K. Outputs per block (num_jobs x
-// splits entries), for timing only.
-cudaError_t LaunchFusedV2Probe(const MatrixDesc* mats, const FusedJobV2* jobs,
-                               int num_jobs, bool any_offdiagonal, double* g2,
-                               double* trace, float* maxabs, int probe,
-                               int splits, cudaStream_t stream);
-
 // The fused kernel v4 (sm_90a: TMA + wgmma; fused_v4_kernel.cuh) for the
 // matrices ChooseFusedKernel (launch_policy.h) gives it: FusedV4Launch
 // (descriptors.h).
 // Host only: writes matrix d's tensor map (d.data a device pointer) to `map`.
 cudaError_t EncodeFusedV4Map(DType dtype, const MatrixDesc& d, void* map);
 cudaError_t LaunchFusedV4(DType dtype, const FusedV4Launch& launch, cudaStream_t stream);
-
-// Benchmark hook (rvd_bench_gpu --ab; bench/dev/fused_probes.cu, linked
-// into the bench only): v4 in a probe mode. kProbeChain1 is exact, the others wrong
-// on purpose.
-cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const FusedV4Launch& launch,
-                               cudaStream_t stream);
 
 // The launchers' signatures (fused_plan.h's FusedLaunchers).
 using FusedLauncher = cudaError_t (*)(DType, const MatrixDesc*,

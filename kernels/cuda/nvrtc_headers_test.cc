@@ -49,19 +49,19 @@ const std::vector<DeviceHeader>& Headers() {
        false},
       {"kernels/cuda/fused_kernel.cuh",
        "",
-       {"&rvd::cuda::fused::FusedKernel<float, false>",
-        "&rvd::cuda::fused::FusedKernel<__half, false>",
-        "&rvd::cuda::fused::FusedKernel<__nv_bfloat16, false>"},
+       {"&rvd::cuda::fused::FusedKernel<float, rvd::cuda::fused::Product>",
+        "&rvd::cuda::fused::FusedKernel<__half, rvd::cuda::fused::Product>",
+        "&rvd::cuda::fused::FusedKernel<__nv_bfloat16, rvd::cuda::fused::Product>"},
        false},
       {"kernels/cuda/fused_v2_kernel.cuh",
        "",
-       {"&rvd::cuda::fused_v2::FusedV2Kernel<float, false, "
+       {"&rvd::cuda::fused_v2::FusedV2Kernel<float, rvd::cuda::fused_v2::Product, "
         "rvd::cuda::fused_v2::kStagesDiag, 0>",
-        "&rvd::cuda::fused_v2::FusedV2Kernel<float, false, "
+        "&rvd::cuda::fused_v2::FusedV2Kernel<float, rvd::cuda::fused_v2::Product, "
         "rvd::cuda::fused_v2::kStagesMixed, 0>",
-        "&rvd::cuda::fused_v2::FusedV2Kernel<__nv_bfloat16, false, "
+        "&rvd::cuda::fused_v2::FusedV2Kernel<__nv_bfloat16, rvd::cuda::fused_v2::Product, "
         "rvd::cuda::fused_v2::kStagesDiag, rvd::cuda::fused_v2::kLiveChain>",
-        "&rvd::cuda::fused_v2::FusedV2Kernel<__half, false, "
+        "&rvd::cuda::fused_v2::FusedV2Kernel<__half, rvd::cuda::fused_v2::Product, "
         "rvd::cuda::fused_v2::kStagesMixed, rvd::cuda::fused_v2::kLiveChain>"},
        false},
       {"kernels/cuda/fused_v4_kernel.cuh",
