@@ -171,14 +171,73 @@ class AlertWatch(Watch):
             raise RvdError.from_rpc(e, "WatchAlerts") from None
 
 
+def _read(path, what):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"{what} {path!r}: {e.strerror}") from None
+
+
+def _channel_credentials(tls, tls_ca_file, tls_cert_file, tls_key_file,
+                         auth_token, auth_token_file):
+    """gRPC channel credentials for rvd's TLS settings, None for plaintext.
+    The rules are rvctl's (client/cpp/channel.h): a CA file or tls=True
+    (the system's roots) turns TLS on; a client certificate needs its key;
+    a bearer token (auth_token, else the first line of auth_token_file,
+    else $RVD_AUTH_TOKEN) needs TLS, since gRPC sends call credentials over
+    secure channels only and rvd accepts a token on a TLS port only."""
+    if (tls_cert_file is None) != (tls_key_file is None):
+        raise ValueError("tls_cert_file and tls_key_file: both or neither")
+    if auth_token is None and auth_token_file is not None:
+        lines = _read(auth_token_file, "auth_token_file").decode().splitlines()
+        auth_token = lines[0].strip() if lines else ""
+        if not auth_token or any(c.isspace() for c in auth_token):
+            raise ValueError(f"auth_token_file {auth_token_file!r}: expected "
+                             "one token (no spaces) on its first line")
+    if auth_token is None:
+        auth_token = os.environ.get("RVD_AUTH_TOKEN") or None
+    secure = tls or tls_ca_file is not None or tls_cert_file is not None
+    if not secure:
+        if auth_token is not None:
+            raise ValueError("a bearer token needs TLS (tls_ca_file or "
+                             "tls=True): rvd takes tokens over TLS only")
+        return None
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=None if tls_ca_file is None
+        else _read(tls_ca_file, "tls_ca_file"),
+        private_key=None if tls_key_file is None
+        else _read(tls_key_file, "tls_key_file"),
+        certificate_chain=None if tls_cert_file is None
+        else _read(tls_cert_file, "tls_cert_file"))
+    if auth_token is not None:
+        creds = grpc.composite_channel_credentials(
+            creds, grpc.access_token_call_credentials(auth_token))
+    return creds
+
+
 class Client:
     """A connection to rvd at `address` (HOST:PORT; default $RVD_ADDRESS, else
     127.0.0.1:50051). timeout: seconds each unary call may take (None: no
-    deadline). Thread-safe as gRPC channels are."""
+    deadline). Thread-safe as gRPC channels are.
 
-    def __init__(self, address=None, timeout=60.0):
+    TLS, as rvctl takes it: tls_ca_file (the CA that signed rvd's
+    certificate; tls=True trusts the system's roots instead),
+    tls_cert_file + tls_key_file (a client certificate, for mutual TLS),
+    tls_server_name (the name to check rvd's certificate against, when it
+    differs from address's host), auth_token or auth_token_file (else
+    $RVD_AUTH_TOKEN: sent as "authorization: Bearer ..." on every call;
+    needs TLS)."""
+
+    def __init__(self, address=None, timeout=60.0, *, tls=False,
+                 tls_ca_file=None, tls_cert_file=None, tls_key_file=None,
+                 tls_server_name=None, auth_token=None, auth_token_file=None):
         self.address = address or os.environ.get("RVD_ADDRESS", DEFAULT_ADDRESS)
         self.timeout = timeout
+        self._credentials = _channel_credentials(
+            tls, tls_ca_file, tls_cert_file, tls_key_file, auth_token,
+            auth_token_file)
+        self._server_name = tls_server_name
         self._channel = None
         self._stub = None
         self.reconnect()
@@ -189,12 +248,19 @@ class Client:
         up to the limit below, before it tries again)."""
         if self._channel is not None:
             self._channel.close()
-        self._channel = grpc.insecure_channel(self.address, options=[
+        options = [
             ("grpc.max_send_message_length", MAX_REQUEST_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_REPLY_MESSAGE_BYTES),
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.min_reconnect_backoff_ms", 100),
-            ("grpc.max_reconnect_backoff_ms", 2000)])
+            ("grpc.max_reconnect_backoff_ms", 2000)]
+        if self._credentials is None:
+            self._channel = grpc.insecure_channel(self.address, options=options)
+        else:
+            if self._server_name is not None:
+                options.append(("grpc.ssl_target_name_override", self._server_name))
+            self._channel = grpc.secure_channel(self.address, self._credentials,
+                                                options=options)
         self._stub = rvd_pb2_grpc.RvdStub(self._channel)
 
     def close(self):
