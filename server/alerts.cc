@@ -316,15 +316,17 @@ void AlertEngine::Evaluate(RuleSlot& slot, const rvd::v1::Measurement& m,
     if (r.condition == AlertRule::Condition::kDrop) e.set_baseline(p.baseline);
     e.set_measurement_sequence(m.sequence());
     e.set_step(m.step());
-    std::string text = absl::StrCat(r.Describe(), ": value ", v);
+    // What was seen, then the rule: "R_V 0.41; rule: R_V below 0.5".
+    std::string text = absl::StrCat(
+        r.value == AlertRule::Value::kRv ? "R_V" : absl::StrCat("layer ", r.layer, " PR"),
+        " ", v);
     if (r.condition == AlertRule::Condition::kDrop) {
-      absl::StrAppend(&text, ", drop ", observed, " from baseline ", p.baseline);
+      absl::StrAppend(&text, ", a drop of ", observed, " from baseline ", p.baseline);
     } else if (r.condition == AlertRule::Condition::kChange) {
-      absl::StrAppend(&text, ", change ", observed);
+      absl::StrAppend(&text, ", a change of ", observed);
     }
-    if (to == rvd::v1::ALERT_STATE_FIRING && r.for_count > 1) {
-      absl::StrAppend(&text, " (for ", r.for_count, " measurements)");
-    }
+    absl::StrAppend(&text, "; rule: ", r.Describe());
+    if (r.for_count > 1) absl::StrAppend(&text, " for ", r.for_count, " measurements");
     e.set_description(std::move(text));
     events->push_back(Append(std::move(e)));
   }
