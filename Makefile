@@ -75,7 +75,7 @@ asan: deps
 # ThreadSanitizer: only those targets and what they link (rvd::history,
 # absl), CPU only. Any report fails the run. Debian's absl::Mutex is made
 # visible to TSan by tests/tsan/absl_mutex_annotations.cc (see there).
-TSAN_TESTS := measurement_log_test measurement_index_test event_bus_test history_test \
+TSAN_TESTS := sqlite_store_test measurement_log_test measurement_index_test event_bus_test history_test \
               alerts_test
 tsan: deps
 	cmake -S . -B $(TSAN_BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
@@ -83,7 +83,7 @@ tsan: deps
 	cmake --build $(TSAN_BUILD_DIR) -j $(JOBS) --target $(TSAN_TESTS)
 	TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
 	  ctest --test-dir $(TSAN_BUILD_DIR) --output-on-failure \
-	  -R '^(measurement_log|measurement_index|event_bus|history|alerts)_test$$'
+	  -R '^(sqlite_store|measurement_log|measurement_index|event_bus|history|alerts)_test$$'
 
 # The libFuzzer targets (clang; tests/fuzz), each run FUZZ_SECONDS on its corpus.
 fuzz: deps

@@ -138,6 +138,14 @@ void Metrics::AdmitLocked(const std::string& id, uint64_t series) {
   admitted_total_ = others + admitted;
 }
 
+void Metrics::ForgetModel(const std::string& model_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = admitted_.find(model_id);
+  if (it == admitted_.end()) return;
+  admitted_total_ -= it->second;
+  admitted_.erase(it);
+}
+
 void Metrics::AdmitSeries(const rvd::v1::Measurement& m) {
   const uint64_t series = SeriesOf(m);
   absl::MutexLock lock(&mu_);

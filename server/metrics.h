@@ -119,6 +119,9 @@ class Metrics final : public prometheus::Collectable {
   // admits its series into the budget as RecordMeasurement does, counting
   // nothing.
   void AdmitSeries(const rvd::v1::Measurement& m);
+  // DeleteModelHistory: gives the model's series back to the budget (its
+  // gauges went with its ring; its counters stay, as counters do).
+  void ForgetModel(const std::string& model_id);
   // rvd_ingested_bytes_total
   void AddIngestedBytes(uint64_t bytes);
   // rvd_errors_total{code}, code as the gRPC code name, e.g. INVALID_ARGUMENT.

@@ -422,6 +422,7 @@ grpc::Status RvdService::DeleteModelHistory(
   absl::StatusOr<uint64_t> n = history_.DeleteModel(request->model_id());
   if (!n.ok()) return Finish(n.status());
   response->set_deleted(*n);
+  metrics_.ForgetModel(request->model_id());
   spdlog::info("deleted the history of model={}: {} measurements",
                LogEscape(request->model_id()), *n);
   return grpc::Status::OK;

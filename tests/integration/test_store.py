@@ -333,3 +333,25 @@ def test_full_disk_fails_the_measurement_and_loses_nothing_acknowledged(tmp_path
         assert [m.sequence for m in stored] == [m.sequence for m in acked] + [again.sequence]
     finally:
         assert d2.stop() == 0
+
+
+def test_delete_gives_the_series_budget_back(tmp_path):
+    # In memory (no data_dir): deletion works there too. A budget of two
+    # per-layer series: one model of two layers at a time.
+    d = Daemon(tmp_path, max_metric_series=2)
+    rng = np.random.default_rng(SEED)
+    try:
+        d.stub.Measure(request_for("first", 1, rng, layers=2))
+        assert metric(scrape(d), "rvd_participation_ratio", model_id="first", layer="1") is not None
+        assert d.stub.DeleteModelHistory(
+            rvd_pb2.DeleteModelHistoryRequest(model_id="first")).deleted == 1
+        d.stub.Measure(request_for("second", 1, rng, layers=2))
+        text = scrape(d)
+        assert metric(text, "rvd_participation_ratio", model_id="second", layer="1") is not None
+        assert metric(text, "rvd_rv", model_id="first") is None
+        assert metric(text, "rvd_series_dropped_total") == 0
+        with pytest.raises(grpc.RpcError) as e:
+            d.stub.GetHistory(rvd_pb2.GetHistoryRequest(model_id="first"))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        assert d.stop() == 0
