@@ -350,24 +350,39 @@ __device__ __forceinline__ void FusedBody(const MatrixDesc& m,
       maxabs_out);
 }
 
-// Block b runs jobs b, b + gridDim.x, ... (the grid is the job count, or
-// fewer blocks under the SM cap: fused_plan.h, ProductGrid); job j's sums
-// go to slot j, so the grid changes no result.
-template <typename T, class Hooks = Product>
+// Job j of the launch, its sums to slot j.
+template <typename T, class Hooks>
+__device__ __forceinline__ void FusedJobAt(const MatrixDesc* __restrict__ mats,
+                                           const FusedJob* __restrict__ jobs, int j,
+                                           int operands, unsigned char* smem, double* g2,
+                                           double* trace, float* maxabs) {
+  const FusedJob job = jobs[j];
+  const MatrixDesc m = mats[job.matrix];
+  if (m.tall) {
+    FusedBody<T, true, Hooks>(m, job, operands, smem, g2 + j, trace + j, maxabs + j);
+  } else {
+    FusedBody<T, false, Hooks>(m, job, operands, smem, g2 + j, trace + j, maxabs + j);
+  }
+}
+
+// Block b runs job b (the grid is the job count), or with kStrided jobs b,
+// b + gridDim.x, ... (fewer blocks under the SM cap: fused_plan.h,
+// ProductGrid). Job j's sums go to slot j, so the grid changes no result.
+// Two instances, so that an uncapped launch runs the one-job code it was
+// measured as (a loop around the body changes its register allocation).
+template <typename T, class Hooks = Product, bool kStrided = false>
 __global__ void __launch_bounds__(kThreads, 1)
     FusedKernel(const MatrixDesc* __restrict__ mats,
                 const FusedJob* __restrict__ jobs, int num_jobs, int operands,
                 double* g2, double* trace, float* maxabs) {
   extern __shared__ __align__(128) unsigned char smem[];
-  for (int j = blockIdx.x; j < num_jobs; j += gridDim.x) {
-    const FusedJob job = jobs[j];
-    const MatrixDesc m = mats[job.matrix];
-    if (m.tall) {
-      FusedBody<T, true, Hooks>(m, job, operands, smem, g2 + j, trace + j, maxabs + j);
-    } else {
-      FusedBody<T, false, Hooks>(m, job, operands, smem, g2 + j, trace + j, maxabs + j);
+  if constexpr (!kStrided) {
+    FusedJobAt<T, Hooks>(mats, jobs, blockIdx.x, operands, smem, g2, trace, maxabs);
+  } else {
+    for (int j = blockIdx.x; j < num_jobs; j += gridDim.x) {
+      FusedJobAt<T, Hooks>(mats, jobs, j, operands, smem, g2, trace, maxabs);
+      __syncthreads();  // the next job's loads reuse the stages and the block sums
     }
-    __syncthreads();  // the next job's loads reuse the stages and the block sums
   }
 }
 

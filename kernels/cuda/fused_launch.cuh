@@ -26,13 +26,12 @@ cudaError_t LaunchFusedT(const MatrixDesc* mats, const FusedJob* jobs,
   if (grid <= 0 || grid > num_jobs) grid = num_jobs;
   const int operands = any_offdiagonal ? 2 : 1;
   const int smem = kStages * operands * kOperandBytes;
+  auto* kernel = grid < num_jobs ? FusedKernel<T, Hooks, true> : FusedKernel<T, Hooks, false>;
   // Above 48 KB needs the opt-in; cheap, and per device, so set every time.
-  cudaError_t e = cudaFuncSetAttribute(
-      FusedKernel<T, Hooks>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      kStages * 2 * kOperandBytes);
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       kStages * 2 * kOperandBytes);
   if (e != cudaSuccess) return e;
-  FusedKernel<T, Hooks><<<grid, kThreads, smem, stream>>>(
-      mats, jobs, num_jobs, operands, g2, trace, maxabs);
+  kernel<<<grid, kThreads, smem, stream>>>(mats, jobs, num_jobs, operands, g2, trace, maxabs);
   return cudaGetLastError();
 }
 
@@ -45,13 +44,13 @@ cudaError_t LaunchFusedDispatch(DType dtype, const MatrixDesc* mats,
   switch (dtype) {
     case DType::kF32:
       return LaunchFusedT<float, Hooks>(mats, jobs, num_jobs, any_offdiagonal, g2, trace,
-                                          maxabs, grid, stream);
+                                        maxabs, grid, stream);
     case DType::kF16:
       return LaunchFusedT<__half, Hooks>(mats, jobs, num_jobs, any_offdiagonal, g2, trace,
-                                           maxabs, grid, stream);
+                                         maxabs, grid, stream);
     case DType::kBF16:
       return LaunchFusedT<__nv_bfloat16, Hooks>(mats, jobs, num_jobs, any_offdiagonal, g2,
-                                                   trace, maxabs, grid, stream);
+                                                trace, maxabs, grid, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -59,7 +58,8 @@ cudaError_t LaunchFusedDispatch(DType dtype, const MatrixDesc* mats,
 
 namespace fused_v2 {
 
-// `grid`: blocks of the launch, 1 .. num_jobs (0: num_jobs).
+// `grid`: blocks of the launch, 1 .. num_jobs (0: num_jobs). kChain: the
+// live policy's for T (0: v2's code).
 template <typename T, class Hooks, int kChain = LiveChain<T>()>
 cudaError_t LaunchFusedV2T(const MatrixDesc* mats, const FusedJobV2* jobs,
                            int num_jobs, bool any_offdiagonal, double* g2,
@@ -68,9 +68,11 @@ cudaError_t LaunchFusedV2T(const MatrixDesc* mats, const FusedJobV2* jobs,
   if (grid <= 0 || grid > num_jobs) grid = num_jobs;
   const int stage_bytes = any_offdiagonal ? kABytes + kBBytes : kABytes;
   const int smem = (any_offdiagonal ? kStagesMixed : kStagesDiag) * stage_bytes;
-  auto* kernel = any_offdiagonal
-                     ? FusedV2Kernel<T, Hooks, kStagesMixed, kChain>
-                     : FusedV2Kernel<T, Hooks, kStagesDiag, kChain>;
+  const bool strided = grid < num_jobs;
+  auto* kernel = any_offdiagonal ? (strided ? FusedV2Kernel<T, Hooks, kStagesMixed, kChain, true>
+                                            : FusedV2Kernel<T, Hooks, kStagesMixed, kChain>)
+                                 : (strided ? FusedV2Kernel<T, Hooks, kStagesDiag, kChain, true>
+                                            : FusedV2Kernel<T, Hooks, kStagesDiag, kChain>);
   // Above 48 KB needs the opt-in; and the whole carveout as shared memory so
   // that two blocks of 108 KB fit an SM. Cheap, per device: set every time.
   cudaError_t e = cudaFuncSetAttribute(
@@ -93,13 +95,13 @@ cudaError_t LaunchFusedV2Dispatch(DType dtype, const MatrixDesc* mats,
   switch (dtype) {
     case DType::kF32:
       return LaunchFusedV2T<float, Hooks>(mats, jobs, num_jobs, any_offdiagonal, g2, trace,
-                                            maxabs, grid, stream);
+                                          maxabs, grid, stream);
     case DType::kF16:
       return LaunchFusedV2T<__half, Hooks>(mats, jobs, num_jobs, any_offdiagonal, g2, trace,
-                                             maxabs, grid, stream);
+                                           maxabs, grid, stream);
     case DType::kBF16:
       return LaunchFusedV2T<__nv_bfloat16, Hooks>(mats, jobs, num_jobs, any_offdiagonal, g2,
-                                                    trace, maxabs, grid, stream);
+                                                  trace, maxabs, grid, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -862,22 +862,29 @@ __device__ __forceinline__ void FusedV2Unit(const MatrixDesc* __restrict__ mats,
       g2 + unit, trace + unit, maxabs + unit);
 }
 
-// Block b runs units b, b + gridDim.x, ... of `units` (the grid is the unit
-// count, or fewer blocks under the SM cap: fused_plan.h, ProductGrid); each
-// unit's sums go to its own slot, so the grid changes no result.
-template <typename T, class Hooks, int kStages, int kChain>
+// Block b runs unit b (the grid is the unit count), or with kStrided units
+// b, b + gridDim.x, ... of `units` (fewer blocks under the SM cap:
+// fused_plan.h, ProductGrid); each unit's sums go to its own slot, so the
+// grid changes no result. Two instances, so that an uncapped launch runs
+// the one-unit code it was measured as (a loop around the body changes its
+// register allocation and spills).
+template <typename T, class Hooks, int kStages, int kChain, bool kStrided = false>
 __global__ void __launch_bounds__(kThreads, 2)
     FusedV2Kernel(const MatrixDesc* __restrict__ mats,
                   const FusedJobV2* __restrict__ jobs, int units, int stage_bytes,
                   double* __restrict__ g2, double* __restrict__ trace,
                   float* __restrict__ maxabs) {
-  for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    FusedV2Unit<T, Hooks, kStages, kChain>(mats, jobs, u, stage_bytes, g2, trace, maxabs);
-    __syncthreads();  // the next unit's loads reuse the stages and the block sums
+  if constexpr (!kStrided) {
+    FusedV2Unit<T, Hooks, kStages, kChain>(mats, jobs, blockIdx.x, stage_bytes, g2, trace,
+                                           maxabs);
+  } else {
+    for (int u = blockIdx.x; u < units; u += gridDim.x) {
+      FusedV2Unit<T, Hooks, kStages, kChain>(mats, jobs, u, stage_bytes, g2, trace, maxabs);
+      __syncthreads();  // the next unit's loads reuse the stages and the block sums
+    }
   }
 }
 
-// kChain: the live policy's for T (0: v2's code).
 }  // namespace rvd::cuda::fused_v2
 
 #endif  // RVD_KERNELS_CUDA_FUSED_V2_KERNEL_CUH_

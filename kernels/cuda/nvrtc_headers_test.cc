@@ -51,7 +51,8 @@ const std::vector<DeviceHeader>& Headers() {
        "",
        {"&rvd::cuda::fused::FusedKernel<float, rvd::cuda::fused::Product>",
         "&rvd::cuda::fused::FusedKernel<__half, rvd::cuda::fused::Product>",
-        "&rvd::cuda::fused::FusedKernel<__nv_bfloat16, rvd::cuda::fused::Product>"},
+        "&rvd::cuda::fused::FusedKernel<__nv_bfloat16, rvd::cuda::fused::Product>",
+        "&rvd::cuda::fused::FusedKernel<float, rvd::cuda::fused::Product, true>"},
        false},
       {"kernels/cuda/fused_v2_kernel.cuh",
        "",
@@ -62,7 +63,9 @@ const std::vector<DeviceHeader>& Headers() {
         "&rvd::cuda::fused_v2::FusedV2Kernel<__nv_bfloat16, rvd::cuda::fused_v2::Product, "
         "rvd::cuda::fused_v2::kStagesDiag, rvd::cuda::fused_v2::kLiveChain>",
         "&rvd::cuda::fused_v2::FusedV2Kernel<__half, rvd::cuda::fused_v2::Product, "
-        "rvd::cuda::fused_v2::kStagesMixed, rvd::cuda::fused_v2::kLiveChain>"},
+        "rvd::cuda::fused_v2::kStagesMixed, rvd::cuda::fused_v2::kLiveChain>",
+        "&rvd::cuda::fused_v2::FusedV2Kernel<__nv_bfloat16, rvd::cuda::fused_v2::Product, "
+        "rvd::cuda::fused_v2::kStagesDiag, rvd::cuda::fused_v2::kLiveChain, true>"},
        false},
       {"kernels/cuda/fused_v4_kernel.cuh",
        "",
