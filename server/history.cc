@@ -124,8 +124,9 @@ absl::StatusOr<std::unique_ptr<Watch>> History::Subscribe(
   if (after_sequence.has_value() && *after_sequence > last) {
     return absl::OutOfRangeError(absl::StrCat(
         "after_sequence ", *after_sequence, " is above rvd's newest sequence "
-        "number ", last, " (a cursor from an earlier run of rvd? the in-memory "
-        "log starts again at 1)"));
+        "number ", last, " (a cursor from an earlier run of rvd without "
+        "data_dir, whose in-memory log started again at 1, or from another "
+        "rvd?)"));
   }
   absl::StatusOr<std::shared_ptr<BusSubscription>> sub =
       bus_.Subscribe(model_id, std::move(notify));
