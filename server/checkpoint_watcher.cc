@@ -326,6 +326,12 @@ void CheckpointWatcher::Start() {
       inotify_fd_ >= 0 ? " and on inotify events" : "", config_.settle_seconds,
       seen_.size(),
       seen_.path().empty() ? " (not persisted)" : " in " + seen_.path());
+  if (seen_.path().empty()) {
+    spdlog::warn(
+        "watch: the checkpoints measured are remembered in memory only (no "
+        "usable data_dir), so a restart measures every checkpoint still there "
+        "again");
+  }
   thread_ = std::thread([this] { Run(); });
 }
 
