@@ -38,12 +38,14 @@ tests() {  # tests NAME STAGE [GTEST_FILTER] [PYTEST_K]
   LD_LIBRARY_PATH="$stage/gpu-libs:$cuda_lib" timeout 240 \
     "$stage/bin/cuda_engine_test" --gtest_filter="$filter" > "$out/$name.cuda_engine_test.log" 2>&1
   echo "   exit $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$out/$name.cuda_engine_test.log" | head -20
-  if [[ -x "$stage/bin/cuda_device_lost_test" ]]; then
-    echo "== $name: cuda_device_lost_test"
-    LD_LIBRARY_PATH="$stage/gpu-libs:$cuda_lib" timeout 60 \
-      "$stage/bin/cuda_device_lost_test" > "$out/$name.cuda_device_lost_test.log" 2>&1
-    echo "   exit $?"; tail -n 2 "$out/$name.cuda_device_lost_test.log"
-  fi
+  for t in "$stage"/bin/cuda_*_test; do  # the other GPU test binaries
+    t="$(basename "$t")"
+    [[ $t == cuda_engine_test ]] && continue
+    echo "== $name: $t"
+    LD_LIBRARY_PATH="$stage/gpu-libs:$cuda_lib" timeout 120 \
+      "$stage/bin/$t" > "$out/$name.$t.log" 2>&1
+    echo "   exit $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$out/$name.$t.log" | head -10
+  done
   echo "== $name: tests/gpu through rvctl"
   LD_LIBRARY_PATH="$stage/gpu-libs:$cuda_lib" RVD_BUILD_DIR="$stage" timeout 300 \
     python3 -m pytest -q -p no:cacheprovider ${k:+-k "$k"} "$tdir" > "$out/$name.integration_gpu.log" 2>&1

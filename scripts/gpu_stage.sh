@@ -2,7 +2,7 @@
 # Stages what the GPU host needs from a Debian build into one small folder,
 # laid out like a build directory so that tests and benchmarks take it as
 # RVD_BUILD_DIR:
-#   bin/       rvd, rvctl, cuda_engine_test, cuda_device_lost_test, rvd_bench_gpu (stripped)
+#   bin/       rvd, rvctl, rvd_bench_gpu and the GPU test binaries (stripped)
 #   lib/       librvd_cuda.so (stripped)
 #   python/    the generated Python stubs
 #   gpu-libs/  the Debian shared-library closure (scripts/bundle_libs.sh)
@@ -21,12 +21,16 @@ build="${1:-build}"
 stage="${2:-$build/gpu-stage}"
 stage="${stage%/}"
 rvd_outside_source "$stage"
-for b in rvd rvctl cuda_engine_test cuda_device_lost_test rvd_bench_gpu; do
+# The GPU test binaries: every test of label gpu that is a binary of ours.
+gpu_tests=$(ctest --test-dir "$build" -L gpu -N 2>/dev/null |
+  sed -n 's/^ *Test *#[0-9]*: \(cuda_[a-z_]*_test\)$/\1/p')
+binaries="rvd rvctl rvd_bench_gpu $gpu_tests"
+for b in $binaries cuda_engine_test; do
   [[ -x "$build/bin/$b" ]] || { echo "$0: $build/bin/$b missing: build it first" >&2; exit 1; }
 done
 rm -rf "$stage"
 mkdir -p "$stage/bin" "$stage/lib"
-for b in rvd rvctl cuda_engine_test cuda_device_lost_test rvd_bench_gpu; do
+for b in $binaries; do
   strip -o "$stage/bin/$b" "$build/bin/$b"
 done
 strip -o "$stage/lib/librvd_cuda.so" "$build/lib/librvd_cuda.so"
