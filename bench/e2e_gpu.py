@@ -44,6 +44,10 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--backend", default="cuda")
     p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--transfer", choices=["stream", "path"], default="stream",
+                   help="stream: rvctl sends the tensors (MeasureStream); path: rvd "
+                        "maps the checkpoint itself (MeasurePath, checkpoint_roots), "
+                        "transfer_ms is then rvd's map and check")
     args = p.parse_args()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="rvd-e2e-"))
     model = tmp / "model"
@@ -58,11 +62,13 @@ def main():
     (model / "config.json").write_text(json.dumps({
         "model_type": "llama", "num_hidden_layers": args.layers, "num_attention_heads": 32,
         "num_key_value_heads": 8, "hidden_size": 4096}))
-    d = Daemon(tmp, backend=args.backend, max_request_bytes=1 << 30)
+    roots = {"checkpoint_roots": [str(tmp)]} if args.transfer == "path" else {}
+    d = Daemon(tmp, backend=args.backend, max_request_bytes=1 << 30, **roots)
     rows = []
     try:
         cmd = [str(RVCTL), "--address", d.grpc_address, "measure", str(model),
-               "--model-id", "llama-7b-heads", "--per-head", "--json"]
+               "--model-id", "llama-7b-heads", "--per-head", "--json",
+               "--transfer", args.transfer]
         subprocess.run(cmd, capture_output=True, check=True)  # warm-up
         for _ in range(args.rounds):
             before = engine_counters(d)
@@ -82,7 +88,8 @@ def main():
     receive, engine = med("receive_ms"), med("elapsed_ms")
     h2d, plan, compute = med("h2d_ms"), med("plan_ms"), med("compute_ms")
     nbytes = args.layers * 1024 * 4096 * 2
-    print(json.dumps({"rounds": args.rounds, "bytes": nbytes, "backend": rows[0]["backend"],
+    print(json.dumps({"rounds": args.rounds, "bytes": nbytes, "transfer": args.transfer,
+                      "backend": rows[0]["backend"],
                       "variant": rows[0]["variant"], "engine_version": rows[0]["engine_version"],
                       "read_ms": read, "transfer_ms": receive, "engine_ms": engine,
                       "h2d_ms": h2d, "plan_ms": plan, "compute_ms": compute,
