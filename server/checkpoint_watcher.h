@@ -26,7 +26,10 @@
 // step in rvd's history is not measured again either (this covers a crash
 // between the measurement and the record once the history is durable). A
 // checkpoint is recorded after it was measured: rvd dying in between
-// measures it again at the next start, unless the history has it.
+// measures it again at the next start, unless the history has it. The key
+// is the checkpoint's real path: a checkpoint deleted and written again
+// under the same name (a run restarted from scratch into the same
+// directory) is not measured again; give the new run its own directory.
 //
 // Looks happen every poll_interval_seconds, and at once when inotify reports
 // a change in a watched directory or a checkpoint not yet read (where the
