@@ -10,7 +10,7 @@ build=$1
 seconds=$2
 shift 2
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_safetensors fuzz_model_loader fuzz_measure_header)
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_safetensors fuzz_model_loader fuzz_measure_header fuzz_alert_rules)
 src=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$build/fuzz-artifacts" "$build/fuzz-logs"
 # One OpenBLAS thread: the engine's calls are tiny, and threads add noise.
