@@ -412,8 +412,19 @@ void CheckpointWatcher::WarnOnce(const std::string& key,
   if (warned_.insert(key).second) spdlog::warn("{}", text);
 }
 
+WatchStats CheckpointWatcher::Stats() const {
+  WatchStats s;
+  s.measured = measured_.load();
+  s.failed = failed_total_.load();
+  s.pending = pending_.load();
+  s.directories = directories_.load();
+  s.last_look_seconds = last_look_seconds_.load();
+  return s;
+}
+
 void CheckpointWatcher::LookOnce(absl::Time now) {
   visited_.clear();
+  int64_t directories = 0;
   for (const WatchDirectory& dir : config_.directories) {
     // New watched directories appear in the glob's starting directory.
     if (absl::StatusOr<std::string> prefix =
@@ -427,7 +438,10 @@ void CheckpointWatcher::LookOnce(absl::Time now) {
       for (size_t i = 0; i < matches.gl_pathc && !stopping_; ++i) {
         const std::string match = matches.gl_pathv[i];
         std::error_code ec;
-        if (fs::is_directory(match, ec)) LookAt(dir, match, now);
+        if (fs::is_directory(match, ec)) {
+          ++directories;
+          LookAt(dir, match, now);
+        }
       }
     } else if (rc != GLOB_NOMATCH) {
       WarnOnce(absl::StrCat("glob:", dir.path),
@@ -439,6 +453,9 @@ void CheckpointWatcher::LookOnce(absl::Time now) {
   // Checkpoints that went away (a trainer keeps the newest few) stop
   // waiting to settle.
   tracker_.Retain(visited_);
+  pending_ = static_cast<int64_t>(visited_.size());
+  directories_ = directories;
+  last_look_seconds_ = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
 }
 
 void CheckpointWatcher::LookAt(const WatchDirectory& dir,
@@ -538,6 +555,7 @@ void CheckpointWatcher::Consider(const std::string& model_id, int64_t step,
                    LogEscape(key), LogEscape(m.status().ToString()));
     } else {
       failed_[key] = look.files;
+      ++failed_total_;
       spdlog::warn(
           "watch: cannot measure {} (model {} step {}): {}; tried again when "
           "its files change",

@@ -145,6 +145,17 @@ struct WatchHooks {
   std::function<bool(const std::string& model_id, int64_t step)> has_step;
 };
 
+// What the watcher has done, for /metrics (watch_metrics.h).
+struct WatchStats {
+  int64_t measured = 0;       // checkpoints measured
+  int64_t failed = 0;         // reads or measurements that failed (not busy)
+  // Checkpoints found but not measured at the last look: being written,
+  // settling, or failed and waiting for their files to change.
+  int64_t pending = 0;
+  int64_t directories = 0;    // watched directories at the last look
+  double last_look_seconds = 0;  // Unix time of the last look's end
+};
+
 class CheckpointWatcher {
  public:
   // Checks the configuration against the filesystem: every directory's
@@ -170,6 +181,8 @@ class CheckpointWatcher {
   void LookOnce(absl::Time now);
   // Measurements made so far (each checkpoint once).
   int measured() const { return measured_.load(); }
+  // Thread-safe: read at scrape time.
+  WatchStats Stats() const;
 
  private:
   CheckpointWatcher(const WatchConfig& config, const PathPolicy& policy,
@@ -198,6 +211,10 @@ class CheckpointWatcher {
   std::set<std::string> warned_;  // WarnOnce keys
   std::set<std::string> visited_;  // checkpoints pending in this look
   std::atomic<int> measured_{0};
+  std::atomic<int64_t> failed_total_{0};
+  std::atomic<int64_t> pending_{0};
+  std::atomic<int64_t> directories_{0};
+  std::atomic<double> last_look_seconds_{0};
 
   int inotify_fd_ = -1;                    // -1: polling only
   std::map<int, std::string> inotify_dirs_;   // watch descriptor -> dir

@@ -173,6 +173,8 @@ TEST_F(WatchTest, MeasuresEachSettledCheckpointOnceWithItsStep) {
   w->LookOnce(t0_);
   w->LookOnce(t0_ + absl::Seconds(4));  // not settled yet
   EXPECT_TRUE(calls_.empty());
+  EXPECT_EQ(w->Stats().pending, 1);  // checkpoint-1200; the others are no steps
+  EXPECT_EQ(w->Stats().directories, 1);
   Write(c / "model.safetensors", "partial and more");  // still being written
   w->LookOnce(t0_ + absl::Seconds(6));
   w->LookOnce(t0_ + absl::Seconds(10));
@@ -185,6 +187,9 @@ TEST_F(WatchTest, MeasuresEachSettledCheckpointOnceWithItsStep) {
   for (int i = 12; i < 30; i += 3) w->LookOnce(t0_ + absl::Seconds(i));
   EXPECT_EQ(calls_.size(), 1u);  // once
   EXPECT_EQ(w->measured(), 1);
+  EXPECT_EQ(w->Stats().measured, 1);
+  EXPECT_EQ(w->Stats().pending, 0);
+  EXPECT_GT(w->Stats().last_look_seconds, 0);
 }
 
 TEST_F(WatchTest, ARestartWithTheSeenFileMeasuresNothingAgain) {
@@ -249,6 +254,7 @@ TEST_F(WatchTest, AFailedCheckpointIsTriedAgainOnlyWhenItsFilesChange) {
   w->LookOnce(t0_ + absl::Seconds(45));
   EXPECT_EQ(calls_.size(), 2u);
   EXPECT_EQ(w->measured(), 1);
+  EXPECT_EQ(w->Stats().failed, 1);
 }
 
 TEST_F(WatchTest, ABusyDaemonIsTriedAgainAfterSettlingAgain) {

@@ -18,6 +18,7 @@
 #include "server/backend.h"
 #include "server/checkpoint_reader.h"
 #include "server/checkpoint_watcher.h"
+#include "server/watch_metrics.h"
 #include "server/compute_pool.h"
 #include "server/durable_history.h"
 #include "server/engine_health.h"
@@ -122,6 +123,7 @@ class ServerImpl final : public Server {
             std::move(hooks));
     if (!watcher.ok()) return watcher.status();
     watcher_ = *std::move(watcher);
+    watch_metrics_ = std::make_shared<WatchMetrics>(watcher_.get());
     return absl::OkStatus();
   }
   void StartWatching() {
@@ -135,6 +137,7 @@ class ServerImpl final : public Server {
       if (!exposer.ok()) return exposer.status();
       exposer_ = *std::move(exposer);
       if (store_metrics_ != nullptr) exposer_->RegisterCollectable(store_metrics_);
+      if (watch_metrics_ != nullptr) exposer_->RegisterCollectable(watch_metrics_);
     }
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -253,6 +256,7 @@ class ServerImpl final : public Server {
   std::unique_ptr<EngineHealthWatch> health_watch_;
   std::unique_ptr<CheckpointReader> checkpoints_;  // MeasurePath's, the watcher's
   std::unique_ptr<CheckpointWatcher> watcher_;     // null: no watch section
+  std::shared_ptr<WatchMetrics> watch_metrics_;    // null without a watcher
   int port_ = 0;
   std::string security_;  // ServerSecurity::description, for the log
   std::once_flag shutdown_once_;

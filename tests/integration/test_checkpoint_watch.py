@@ -10,6 +10,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import urllib.request
 
 import grpc
 import numpy as np
@@ -92,6 +93,11 @@ def test_checkpoint_written_in_pieces_is_measured_once_and_not_after_restart(tmp
         log = d.log_text()
         assert "watch: measured" in log and "checkpoint-1200" in log
         assert log.count("watch: measured") == 1
+        metrics = urllib.request.urlopen(f"http://{d.metrics_address}/metrics",
+                                         timeout=5).read().decode()
+        assert "rvd_checkpoint_watch_measured_total 1" in metrics
+        assert "rvd_checkpoint_watch_directories 1" in metrics
+        assert "rvd_checkpoint_watch_pending 0" in metrics
     finally:
         d.stop()
 
