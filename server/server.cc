@@ -123,50 +123,6 @@ class ServerImpl final : public Server {
             std::move(hooks));
     if (!watcher.ok()) return watcher.status();
     watcher_ = *std::move(watcher);
-    return absl::OkStatus();
-  }
-  void StartWatching() {
-    if (watcher_ != nullptr) watcher_->Start();
-  }
-
-  // The checkpoint roots (MeasurePath) and the watcher, checked against the
-  // filesystem before serving: a root or a watched directory that does not
-  // exist stops the start.
-  absl::Status PrepareCheckpoints(const Config& config) {
-    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
-        CheckpointReader::Create(config.checkpoint_roots);
-    if (!reader.ok()) return reader.status();
-    checkpoints_ = *std::move(reader);
-    service_.set_checkpoint_reader(checkpoints_.get());
-    for (const std::string& root : checkpoints_->policy().real_roots()) {
-      spdlog::info("checkpoint root {}: MeasurePath and watch read under it",
-                   root);
-    }
-    if (config.watch.directories.empty()) return absl::OkStatus();
-    WatchHooks hooks;
-    hooks.measure = [this](const std::string& path,
-                           const rvd::v1::MeasureHeader& header,
-                           const std::function<bool()>& stopping) {
-      return service_.MeasureCheckpoint(path, header, LoadOptions{},
-                                        absl::InfiniteFuture(), stopping,
-                                        "watch");
-    };
-    hooks.has_step = [this](const std::string& model_id, int64_t step) {
-      absl::StatusOr<std::vector<MeasurementLog::Entry>> kept =
-          history_.index().Get(model_id, 0);
-      if (!kept.ok()) return false;
-      return std::any_of(kept->begin(), kept->end(),
-                         [step](const auto& m) { return m->step() == step; });
-    };
-    absl::StatusOr<std::unique_ptr<CheckpointWatcher>> watcher =
-        CheckpointWatcher::Create(
-            config.watch, checkpoints_->policy(),
-            config.data_dir.empty()
-                ? std::string()
-                : config.data_dir + "/checkpoint_watch_seen.jsonl",
-            std::move(hooks));
-    if (!watcher.ok()) return watcher.status();
-    watcher_ = *std::move(watcher);
     watch_metrics_ = std::make_shared<WatchMetrics>(watcher_.get());
     return absl::OkStatus();
   }
