@@ -135,7 +135,9 @@ TEST(AlertsTest, AMissingValueChangesNothing) {
   EXPECT_THAT(h.Events(), ElementsAre(ALERT_STATE_FIRING));
   // Layer 9 never sent: l9 stays inactive.
   for (const AlertEngine::PairState& s : h.engine().States()) {
-    if (s.rule == "l9") EXPECT_EQ(s.state, ALERT_STATE_INACTIVE);
+    if (s.rule == "l9") {
+      EXPECT_EQ(s.state, ALERT_STATE_INACTIVE);
+    }
   }
 }
 

@@ -29,7 +29,12 @@ rvd::v1::Measurement Make(const std::string& model, int64_t step) {
 
 History::Options Opts(size_t capacity = 100, size_t max_models = 16,
                       size_t max_watchers = 8, size_t watch_queue = 1024) {
-  return History::Options{capacity, max_models, max_watchers, watch_queue};
+  History::Options o;
+  o.capacity_per_model = capacity;
+  o.max_models = max_models;
+  o.max_watchers = max_watchers;
+  o.watch_queue = watch_queue;
+  return o;
 }
 
 // Reads every event available now, as text: "a3" for model a's measurement

@@ -99,7 +99,7 @@ MetricsOptions Options(bool per_head, double threshold,
 // Metrics reads its index.
 struct Fixture {
   explicit Fixture(const MetricsOptions& options, size_t max_watchers = 4)
-      : history(NewMemLog(100), History::Options{10, 100, max_watchers, 2}),
+      : history(NewMemLog(100), History::Options{10, 100, max_watchers, 2, {}}),
         metrics(options, MetricsSources{&history.index(), &engine, &pool,
                                         &history.bus()}) {}
   void Record(const rvd::v1::Measurement& m) {
