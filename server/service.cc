@@ -17,6 +17,7 @@
 #include "server/history_query.h"
 #include "server/log_text.h"
 #include "server/measure.h"
+#include "server/watch_reactor.h"
 #include "spdlog/spdlog.h"
 
 namespace rvd {
@@ -442,126 +443,21 @@ grpc::Status RvdService::ListModels(grpc::ServerContext*,
 
 namespace {
 
-// One WatchMeasurements stream on gRPC's callback API: writes one event at a
-// time, pulled from a Watch (the log, then the bus) whenever no write is in
-// flight. Pump runs on gRPC's threads (start, write done, cancel) and on the
-// publishing thread (the bus's notify), serialized by mu_. StartWrite and
-// Finish are called with mu_ released, so that a reaction gRPC ran inline
-// could not deadlock on it.
-//
-// Lifetime: gRPC calls OnDone once, after Finish and every write; OnDone
-// detaches the Watch (waiting out a notify in progress) before deleting the
-// reactor, so that no callback reaches a deleted reactor.
-class WatchReactor final : public grpc::ServerWriteReactor<rvd::v1::WatchEvent> {
- public:
-  // `finish` counts a failed stream in /metrics and converts its status.
-  explicit WatchReactor(std::function<grpc::Status(const absl::Status&)> finish)
-      : finish_(std::move(finish)) {}
+// A WatchMeasurements stream: the Watch's events (the log, then the bus).
+using MeasurementWatchReactor = WatchReactor<rvd::v1::WatchEvent, Watch>;
 
-  // Starts the stream over `watch` (nullptr: ends it with `status`).
-  void Start(absl::StatusOr<std::unique_ptr<Watch>> watch) {
-    if (!watch.ok()) {
-      {
-        absl::MutexLock lock(&mu_);
-        finished_ = true;
-      }
-      Finish(finish_(watch.status()));
-      return;
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      watch_ = *std::move(watch);
-    }
-    // The client learns the stream is open before the first event.
-    StartSendInitialMetadata();
-    Pump();
+absl::StatusOr<bool> FillWatchEvent(Watch& watch, rvd::v1::WatchEvent* out) {
+  absl::StatusOr<std::optional<BusEvent>> next = watch.Next();
+  if (!next.ok()) return next.status();
+  if (!next->has_value()) return false;
+  out->Clear();
+  if (const auto* m = std::get_if<MeasurementLog::Entry>(&**next)) {
+    *out->mutable_measurement() = **m;
+  } else {
+    GapToProto(std::get<GapMarker>(**next), out->mutable_gap());
   }
-
-  // The bus's notify: a live event is queued, or the bus closed.
-  void Notify() { Pump(); }
-
-  void OnWriteDone(bool ok) override {
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      if (!ok) gone_ = true;  // the client went away or the call ended
-    }
-    Pump();
-  }
-
-  void OnCancel() override {
-    {
-      absl::MutexLock lock(&mu_);
-      gone_ = true;
-    }
-    Pump();
-  }
-
-  void OnDone() override {
-    if (watch_ != nullptr) watch_->Detach();
-    delete this;
-  }
-
- private:
-  void Pump() {
-    std::optional<grpc::Status> finish;
-    {
-      absl::MutexLock lock(&mu_);
-      if (writing_ || finished_ || watch_ == nullptr) return;
-      if (gone_) {
-        finish = grpc::Status(grpc::StatusCode::CANCELLED,
-                              "the watch stream was cancelled");
-      } else if (watch_->closed()) {
-        finish = grpc::Status(
-            grpc::StatusCode::UNAVAILABLE,
-            absl::StrCat("rvd is shutting down; resume with after_sequence ",
-                         watch_->cursor()));
-      } else {
-        absl::StatusOr<std::optional<BusEvent>> next = watch_->Next();
-        if (!next.ok()) {
-          finish = finish_(next.status());
-        } else if (next->has_value()) {
-          ToProto(**next, &event_);
-          writing_ = true;
-        } else {
-          return;  // nothing now: the bus notifies
-        }
-      }
-      if (finish.has_value()) finished_ = true;
-    }
-    if (finish.has_value()) {
-      Finish(*std::move(finish));
-    } else {
-      StartWrite(&event_);
-    }
-  }
-
-  static void ToProto(const BusEvent& e, rvd::v1::WatchEvent* out) {
-    out->Clear();
-    if (const auto* m = std::get_if<MeasurementLog::Entry>(&e)) {
-      *out->mutable_measurement() = **m;
-      return;
-    }
-    const GapMarker& g = std::get<GapMarker>(e);
-    rvd::v1::Gap* gap = out->mutable_gap();
-    gap->set_first_sequence(g.first_sequence);
-    gap->set_last_sequence(g.last_sequence);
-    gap->set_missed(g.missed);
-    gap->set_reason(g.reason == GapMarker::Reason::kSlowConsumer
-                        ? rvd::v1::GAP_REASON_SLOW_CONSUMER
-                        : rvd::v1::GAP_REASON_NOT_RETAINED);
-  }
-
-  const std::function<grpc::Status(const absl::Status&)> finish_;
-  absl::Mutex mu_;
-  // Set once in Start, before any other thread can reach it; read by Pump
-  // under mu_ and by OnDone after every other reaction.
-  std::unique_ptr<Watch> watch_;
-  rvd::v1::WatchEvent event_;  // the write in flight; Pump's while !writing_
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;   // a StartWrite is in flight
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish called or due
-  bool gone_ ABSL_GUARDED_BY(mu_) = false;      // cancelled or a write failed
-};
+  return true;
+}
 
 }  // namespace
 
@@ -573,7 +469,8 @@ grpc::ServerWriteReactor<rvd::v1::AlertWatchEvent>* RvdService::WatchAlerts(
 
 grpc::ServerWriteReactor<rvd::v1::WatchEvent>* RvdService::WatchMeasurements(
     grpc::CallbackServerContext*, const rvd::v1::WatchRequest* request) {
-  auto* reactor = new WatchReactor(
+  auto* reactor = new MeasurementWatchReactor(
+      FillWatchEvent, MeasurementWatchReactor::OnClose::kEndNow, "watch stream",
       [this](const absl::Status& s) { return Finish(s); });
   if (!request->model_id().empty()) {
     if (absl::Status s = ValidateModelId(request->model_id()); !s.ok()) {
