@@ -3,6 +3,7 @@ measurements from several clients loses nothing acknowledged; a damaged
 store file is reported and replaced while rvd keeps serving; ranges,
 export and deletion through rvctl."""
 import csv
+import datetime
 import io
 import json
 import os
@@ -252,17 +253,23 @@ def test_rvctl_ranges_export_and_delete(tmp_path):
             d.rvctl("history", "rng", "--format", "csv").stdout)))
         assert [int(r["step"]) for r in rows] == list(range(1200))
         assert rows[7]["layer_pr"].startswith("0:") and float(rows[7]["rv"]) == js[7]["rv"]
-        # Time ranges: measurements are seconds apart at most, so split by
-        # the timestamp of one in the middle.
+        # Time ranges, split at the exact timestamp (RFC 3339 with
+        # nanoseconds) of the measurement in the middle: all 1200 may fall
+        # within one second on a fast machine.
         mid = d.stub.GetHistory(rvd_pb2.GetHistoryRequest(
             model_id="rng", from_step=600, to_step=600)).measurements[0]
-        since = mid.timestamp.seconds + 1
+        since = (datetime.datetime.fromtimestamp(mid.timestamp.seconds, datetime.timezone.utc)
+                 .strftime("%Y-%m-%dT%H:%M:%S") + f".{mid.timestamp.nanos:09d}Z")
         later = json.loads(d.rvctl("history", "rng", "--format", "json",
                                    "--since", since).stdout)
         earlier = json.loads(d.rvctl("history", "rng", "--format", "json",
                                      "--until", since).stdout)
         assert len(later) + len(earlier) == 1200 and later and earlier
-        assert max(m["step"] for m in earlier) < min(m["step"] for m in later)
+        assert max(m["step"] for m in earlier) < min(m["step"] for m in later) == 600
+        # Unix seconds work too: a bound past every measurement keeps them all.
+        every = json.loads(d.rvctl("history", "rng", "--format", "json",
+                                   "--until", mid.timestamp.seconds + 3600).stdout)
+        assert len(every) == 1200
         assert d.rvctl("history", "rng", "--since", "yesterday", check=False).returncode == 2
         # Delete: gone from disk, the ring and /metrics; other models stay.
         assert "deleted 1200 measurements" in d.rvctl("delete", "rng").stdout
