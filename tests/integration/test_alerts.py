@@ -84,6 +84,9 @@ class AlertWatcher:
         self.events, self.code, self.details = [], None, None
         self.ended = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
+        # rvd sends the initial metadata once the watch is subscribed (or
+        # the stream has ended): nothing logged after this is missed.
+        self.call.initial_metadata()
 
     def _read(self):
         try:
@@ -190,7 +193,7 @@ def test_rvctl_watch_shows_measurements_and_alerts(d):
                           "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     try:
-        time.sleep(0.5)  # both streams open
+        time.sleep(0.5 * TIME_SCALE)  # both of rvctl's streams open
         measure(d, "alert-c", 2, 1)  # R_V 0.125: threshold fires, rv_floor pending
         lines = [json.loads(p.stdout.readline()) for _ in range(3)]
     finally:
