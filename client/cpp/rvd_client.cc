@@ -30,6 +30,24 @@ rvd::v1::DType ToProto(DType dtype) {
   return rvd::v1::DTYPE_UNSPECIFIED;
 }
 
+// Reads a server stream into on_event until it ends, or until on_event says
+// stop (the stream is then cancelled: an OK end); else the stream's status.
+template <typename Event>
+absl::Status ReadStream(grpc::ClientContext* context,
+                        grpc::ClientReader<Event>* reader,
+                        const std::function<bool(const Event&)>& on_event) {
+  Event event;
+  while (reader->Read(&event)) {
+    if (!on_event(event)) {
+      context->TryCancel();
+      break;
+    }
+  }
+  grpc::Status s = reader->Finish();
+  if (s.error_code() == grpc::StatusCode::CANCELLED) return absl::OkStatus();
+  return FromGrpc(s);
+}
+
 }  // namespace
 
 std::vector<rvd::v1::TensorSpec> TensorSpecs(const LoadedModel& model) {
@@ -182,17 +200,9 @@ absl::Status RvdClient::Watch(
   if (after_sequence.has_value()) request.set_after_sequence(*after_sequence);
   std::unique_ptr<grpc::ClientReader<rvd::v1::WatchEvent>> reader =
       stub_->WatchMeasurements(&context, request);
-  rvd::v1::WatchEvent event;
-  while (reader->Read(&event)) {
-    if (!on_event(event)) {
-      context.TryCancel();
-      break;
-    }
-  }
-  grpc::Status s = reader->Finish();
+  absl::Status s = ReadStream(&context, reader.get(), on_event);
   RemoveWatch(&context);
-  if (s.error_code() == grpc::StatusCode::CANCELLED) return absl::OkStatus();
-  return FromGrpc(s);
+  return s;
 }
 
 absl::Status RvdClient::WatchAlerts(
@@ -205,17 +215,9 @@ absl::Status RvdClient::WatchAlerts(
   if (after_sequence.has_value()) request.set_after_sequence(*after_sequence);
   std::unique_ptr<grpc::ClientReader<rvd::v1::AlertWatchEvent>> reader =
       stub_->WatchAlerts(&context, request);
-  rvd::v1::AlertWatchEvent event;
-  while (reader->Read(&event)) {
-    if (!on_event(event)) {
-      context.TryCancel();
-      break;
-    }
-  }
-  grpc::Status s = reader->Finish();
+  absl::Status s = ReadStream(&context, reader.get(), on_event);
   RemoveWatch(&context);
-  if (s.error_code() == grpc::StatusCode::CANCELLED) return absl::OkStatus();
-  return FromGrpc(s);
+  return s;
 }
 
 bool RvdClient::AddWatch(grpc::ClientContext* context) {
