@@ -32,8 +32,10 @@ extern "C" {
 #endif
 
 /* 2: compute takes an rvd_call (ordering event and cancellation flag).
- * 3: rvd_matrix carries a blocked view's block_rows and block_stride. */
-#define RVD_CUDA_MODULE_ABI_VERSION 3u
+ * 3: rvd_matrix carries a blocked view's block_rows and block_stride.
+ * 4: live weights (CUDA IPC segments and events, rvd-owned device memory,
+ *    snapshots with weight deltas) and the Gram eigenvalues. */
+#define RVD_CUDA_MODULE_ABI_VERSION 4u
 /* The one symbol the module exports: a function returning its table. */
 #define RVD_CUDA_MODULE_SYMBOL "rvd_cuda_module_table"
 
@@ -94,6 +96,103 @@ typedef struct rvd_cuda_options {
  * (value 1, key "technique=knobs"); `key` names the entry. */
 typedef void (*rvd_stats_sink)(void* sink_ctx, const char* kind, const char* key, double value);
 
+/* ---- Live weights (ABI 4) ------------------------------------------------
+ * A trainer on the same GPU shares its V weights once through CUDA IPC; rvd
+ * maps each memory segment once (ipc_open), and on every step notification
+ * copies the V set into device memory of its own (snapshot_start), ordered
+ * after the trainer's interprocess event and followed by an interprocess
+ * event of rvd's own that the trainer waits on before its next weight
+ * update; then it computes from the copy (compute, RVD_MEMORY_DEVICE)
+ * while training goes on. */
+
+/* How a producer shared a memory segment. */
+enum rvd_ipc_kind {
+  /* A cudaIpcMemHandle_t (64 bytes) of a cudaMalloc'ed block: PyTorch's
+   * handle of type 'c' (the 64 bytes after its 2-byte prefix), or raw. */
+  RVD_IPC_CUDA_MALLOC = 0,
+  /* PyTorch's expandable segment, handle of type 'e' (the bytes after its
+   * 2-byte prefix): a header naming the producer's pid, the segment size
+   * and the number of physical handles, which are POSIX file descriptors of
+   * the producer, taken with pidfd_open + pidfd_getfd (same user, or
+   * CAP_SYS_PTRACE) and mapped with cuMemImportFromShareableHandle. */
+  RVD_IPC_EXPANDABLE = 1
+};
+
+typedef struct rvd_ipc_segment_desc {
+  int32_t kind; /* enum rvd_ipc_kind */
+  const uint8_t* handle;
+  uint32_t handle_bytes;
+  int32_t producer_pid;   /* the process that shared it */
+  uint64_t segment_bytes; /* what the producer says the segment holds */
+} rvd_ipc_segment_desc;
+
+typedef struct rvd_ipc_segment rvd_ipc_segment; /* opaque: one mapping */
+
+/* One matrix of a snapshot: src (device memory, possibly a mapped segment,
+ * possibly blocked) is copied into dst (dense: rows x cols, ld = cols, the
+ * same dtype); with last != NULL (dense, the same shape: the previous
+ * snapshot), the same pass sums ||src - last||_F^2 and ||last||_F^2. */
+typedef struct rvd_snapshot_item {
+  rvd_matrix src;
+  void* dst;
+  const void* last;
+} rvd_snapshot_item;
+
+typedef struct rvd_snapshot rvd_snapshot; /* opaque: one snapshot in flight */
+
+typedef struct rvd_cuda_live {
+  /* Maps a producer's segment into this process; *base and *bytes say
+   * where and how much. NULL with *status on failure: a handle that does
+   * not open (INVALID_ARGUMENT), a missing permission for pidfd_getfd
+   * (PERMISSION_DENIED, the message naming it), a producer that is gone
+   * (NOT_FOUND), a segment of another device (FAILED_PRECONDITION). */
+  rvd_ipc_segment* (*ipc_open)(rvd_cuda_engine* engine, const rvd_ipc_segment_desc* desc,
+                               void** base, uint64_t* bytes, rvd_status* status);
+  /* Unmaps it; nothing of it may be in use (the caller fences first). */
+  void (*ipc_close)(rvd_cuda_engine* engine, rvd_ipc_segment* segment);
+
+  /* The device's UUID as nvidia-smi prints it ("GPU-8f0c...", at most 63
+   * characters), NUL-terminated into out. Returns status->code. */
+  int32_t (*device_uuid)(rvd_cuda_engine* engine, char out[64], rvd_status* status);
+
+  /* A producer's interprocess event (a 64-byte cudaIpcEventHandle_t) opened
+   * here: an opaque cudaEvent_t, or NULL with *status. */
+  void* (*ipc_open_event)(rvd_cuda_engine* engine, const uint8_t handle[64], rvd_status* status);
+  /* An interprocess event of rvd's own (disable-timing) and its handle for
+   * the producer. */
+  void* (*ipc_create_event)(rvd_cuda_engine* engine, uint8_t handle_out[64],
+                            rvd_status* status);
+  /* Releases an event from either function. */
+  void (*event_destroy)(rvd_cuda_engine* engine, void* event);
+
+  /* Device memory of rvd's own, charged to max_device_bytes (over it:
+   * RESOURCE_EXHAUSTED), and its release. */
+  void* (*alloc_device)(rvd_cuda_engine* engine, uint64_t bytes, rvd_status* status);
+  void (*free_device)(rvd_cuda_engine* engine, void* p);
+
+  /* Enqueues a snapshot and returns at once, without waiting for the GPU:
+   * on a stream of rvd's, after `wait` (a cudaEvent_t, or NULL), copies
+   * every item, then records `done` (a cudaEvent_t, or NULL). NULL with
+   * *status on failure (nothing enqueued). */
+  rvd_snapshot* (*snapshot_start)(rvd_cuda_engine* engine, const rvd_snapshot_item* items,
+                                  size_t n, void* wait, void* done, rvd_status* status);
+  /* Waits for a started snapshot, writes delta_sq[i] = ||src_i - last_i||_F^2
+   * and last_sq[i] = ||last_i||_F^2 in float64 (0 for items without last),
+   * and releases it; every snapshot started is finished exactly once.
+   * Cancellable by `call` (the snapshot is still released). Returns
+   * status->code. */
+  int32_t (*snapshot_finish)(rvd_cuda_engine* engine, rvd_snapshot* snapshot, double* delta_sq,
+                             double* last_sq, const rvd_call* call, rvd_status* status);
+} rvd_cuda_live;
+
+/* ---- Gram eigenvalues (ABI 4) -----------------------------------------
+ * For activation statistics: the eigenvalues of the Gram of the smaller
+ * side of m (the squared singular values of m), min(rows, cols) of them in
+ * ascending order, in float64, into out. Returns status->code. */
+typedef int32_t (*rvd_gram_eigenvalues_fn)(rvd_cuda_engine* engine, const rvd_matrix* m,
+                                           double* out, const rvd_call* call,
+                                           rvd_status* status);
+
 typedef struct rvd_cuda_module {
   uint32_t abi_version; /* RVD_CUDA_MODULE_ABI_VERSION of the module's build */
   uint32_t size;        /* sizeof(rvd_cuda_module) of the module's build */
@@ -115,6 +214,10 @@ typedef struct rvd_cuda_module {
   /* Page-locked host memory (NULL if unavailable), and its release. */
   void* (*alloc_host)(rvd_cuda_engine* engine, uint64_t bytes);
   void (*free_host)(rvd_cuda_engine* engine, void* p);
+  /* ABI 4. Either may be NULL: this module has no such feature (the daemon
+   * answers UNIMPLEMENTED for it). */
+  const rvd_cuda_live* live;
+  rvd_gram_eigenvalues_fn gram_eigenvalues;
 } rvd_cuda_module;
 
 typedef const rvd_cuda_module* (*rvd_cuda_module_fn)(void);

@@ -131,7 +131,8 @@ void FreeHost(rvd_cuda_engine* h, void* p) { h->engine->FreeHostBuffer(p); }
 
 constexpr rvd_cuda_module kModule = {
     RVD_CUDA_MODULE_ABI_VERSION, sizeof(rvd_cuda_module), RVD_VERSION, &Create, &Destroy,
-    &Version, &Compute, &Stats, &Lost, &AllocHost, &FreeHost};
+    &Version, &Compute, &Stats, &Lost, &AllocHost, &FreeHost,
+    /*live=*/nullptr, /*gram_eigenvalues=*/nullptr};
 
 }  // namespace
 
