@@ -36,10 +36,10 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/engine.h"
 #include "self_improve/profile.h"
 
@@ -49,8 +49,8 @@ namespace rvd::tune {
 // up by this name; NVRTC compiles it with kernels/cuda/descriptors.h and
 // self_improve/candidate_abi.h on the include path, which define MatrixDesc
 // and TuneJob).
-inline constexpr std::string_view kCandidateEntry = "rvd_tune_candidate";
-inline constexpr std::string_view kCandidateSignature =
+inline constexpr char kCandidateEntry[] = "rvd_tune_candidate";
+inline constexpr char kCandidateSignature[] =
     "extern \"C\" __global__ void rvd_tune_candidate(const rvd::cuda::MatrixDesc* mats, "
     "const rvd::tune::TuneJob* jobs, int num_jobs, double* g2, double* trace, "
     "float* maxabs)";
@@ -73,7 +73,7 @@ std::string FormatLaunchAnnotation(const CandidateLaunch& launch);
 // The one annotation line of `source`, validated (ranges above; tile_rows
 // and tile_cols multiples of 16, or tile_rows 0 and tile_cols 0).
 // INVALID_ARGUMENT naming what is missing, repeated or out of range.
-absl::StatusOr<CandidateLaunch> ParseLaunchAnnotation(std::string_view source);
+absl::StatusOr<CandidateLaunch> ParseLaunchAnnotation(absl::string_view source);
 
 // One matrix shape of a target's benchmark: `count` matrices rows x cols.
 struct TuneShape {
@@ -121,7 +121,7 @@ struct HistoryEntry {
 // A request for one candidate.
 struct CandidateRequest {
   TuneTarget target;
-  std::string_view signature = kCandidateSignature;  // keep it verbatim
+  std::string signature = kCandidateSignature;  // keep it verbatim
   int iteration = 0;              // 1 .. max_iter
   std::string best_source;        // the current best kernel's source
   std::string best_description;   // and what it is
