@@ -8,7 +8,9 @@
 #   env.txt                   nvidia-smi, library resolution of the module
 #   cuda_engine_test.log      the CUDA engine's GPU tests (ctest label gpu)
 #   cuda_device_lost_test.log a sticky device error, in its own process
+#   cuda_*_test.log           every other staged GPU test binary
 #   integration_gpu.log       rvd + librvd_cuda.so driven by rvctl (label gpu)
+#   python_gpu.log            the Python client's GPU tests (tests/python/gpu)
 #   gpu_bench.{json,log}      rvd_bench_gpu: validation, then timings
 #   gpu_ab.{json,log}         rvd_bench_gpu --ab: fused v3 and v4 side by side
 #   e2e_gpu.{json,log}        a copy-mode measurement through the daemon
@@ -78,7 +80,15 @@ step() {  # step NAME TIMEOUT_S COMMAND...: runs, logs to $OUT/NAME.log
 # (gpu_bench: ~60 s, s5-7; 190 s before the stats kernel was fixed).
 step cuda_engine_test 90 "$stage/bin/cuda_engine_test"
 step cuda_device_lost_test 30 "$stage/bin/cuda_device_lost_test"
+# Every other GPU test binary gpu_stage.sh staged (ctest label gpu).
+for t in "$stage"/bin/cuda_*_test; do
+  name="$(basename "$t")"
+  [[ "$name" == cuda_engine_test || "$name" == cuda_device_lost_test ]] && continue
+  step "$name" 120 "$t"
+done
 step integration_gpu 120 python3 -m pytest -q -p no:cacheprovider tests/gpu
+step python_gpu 300 env PYTHONPATH="$RVD_SOURCE_ROOT/client/python:$stage/python" \
+  python3 -m pytest -q -p no:cacheprovider tests/python/gpu
 step gpu_bench 300 "$stage/bin/rvd_bench_gpu" --json "$OUT/gpu_bench.json"
 step gpu_ab 120 "$stage/bin/rvd_bench_gpu" --ab --reps 30 --json "$OUT/gpu_ab.json"
 step sustain 120 "$stage/bin/rvd_bench_gpu" --sustain --json "$OUT/sustain.json"
