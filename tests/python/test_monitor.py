@@ -241,7 +241,7 @@ def test_arguments_and_transport(daemon):
                 dict(delta_threshold=-1)]:
         with pytest.raises(ValueError):
             rvd.RVMonitor(model, address=a, **bad)
-    with pytest.raises(rvd.TransportUnavailable, match="IPC registration API") as e:
+    with pytest.raises(rvd.TransportUnavailable, match="one CUDA device") as e:
         rvd.RVMonitor(model, address=a, transport="ipc")
     assert isinstance(e.value, NotImplementedError)
     assert rvd.RVMonitor(model, address=a, transport="auto").transport == "copy"

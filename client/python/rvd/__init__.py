@@ -3,13 +3,14 @@ projections). See client/python/README.md.
 
 Without torch: Client (measure, history, latest, models, watch,
 watch_alerts), Tensor, AlertWatch, AlertEvent,
-Measurement, Gap, ModelSummary, RvdError, compute_pr_algebraic.
+Measurement, Gap, ModelSummary, RvdError, TransportUnavailable,
+compute_pr_algebraic.
 With torch (imported on first use): RVMonitor, RVMeasurement,
 MeasuredLinear, replace_v_proj_layers, and MODEL_V_PROJ_PATHS (the
 architecture registry, from config/architectures.yaml).
 """
 from .client import AlertWatch, Client, Tensor, Watch
-from .errors import RvdError
+from .errors import RvdError, TransportUnavailable
 from .pr import compute_pr_algebraic
 from .types import AlertEvent, Gap, Measurement, ModelSummary, RVMeasurement
 
@@ -17,7 +18,6 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "RVMonitor": "monitor",
-    "TransportUnavailable": "monitor",
     "MeasuredLinear": "linear",
     "replace_v_proj_layers": "linear",
     "MODEL_V_PROJ_PATHS": "architectures",
@@ -35,6 +35,6 @@ def __getattr__(name):
 
 
 __all__ = ["Client", "Tensor", "Watch", "AlertWatch", "AlertEvent",
-           "RvdError", "compute_pr_algebraic",
+           "RvdError", "TransportUnavailable", "compute_pr_algebraic",
            "Gap", "Measurement", "ModelSummary", "RVMeasurement",
            *_LAZY]

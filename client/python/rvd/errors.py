@@ -32,3 +32,8 @@ class RvdError(Exception):
         code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
         details = error.details() if hasattr(error, "details") else str(error)
         return cls(code, details, method)
+
+
+class TransportUnavailable(NotImplementedError):
+    """The transport asked for cannot be used with these weights or this
+    rvd (RVMonitor(transport="ipc")); the message says why."""

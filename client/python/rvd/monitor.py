@@ -37,10 +37,46 @@ host costs one deadline per pause, not one per step. The delta trigger
 needs a recorded measurement to compare with; until the first one, only
 interval steps measure. on_error="raise" raises rvd.RvdError instead.
 
-transport: "copy" sends the bytes over gRPC. "ipc" (zero copy through CUDA
-IPC) needs rvd's registration API, which this rvd does not have: it raises
-TransportUnavailable. "auto" is copy until then.
+transport: "copy" sends the bytes over gRPC, as above. "ipc" shares the
+live weights with rvd once through CUDA IPC (rvd/ipc.py says how, and the
+ordering that keeps every snapshot consistent) and then only notifies steps:
+  registration  RegisterLiveModel with the weights as they are (the device
+             is synchronized once); inference mode: rvd measures them then,
+             and that is the result served (step() sends nothing);
+  training   every step() notifies rvd (NotifyStep, not waited for), and rvd
+             applies the policy itself (TriggerPolicy): it measures the first
+             notified step (step 1), then the step measurement_interval steps
+             after the last measured one and, with adaptive, any step whose
+             delta against the last measured snapshot exceeds
+             delta_threshold, computed by rvd on the GPU. The interval counts
+             from the last measurement (a delta-triggered one included), not
+             from step 0 as in copy mode. .rv and .history follow rvd's
+             measurements of this model, which a background WatchMeasurements
+             stream delivers (a measurement arrives a little after the step:
+             .rv is the newest that arrived).
+  ordering   with optimizer= (a torch >= 2.0 optimizer), a post-step hook
+             records the trainer's interprocess event after each update and a
+             pre-step hook makes the current stream wait on rvd's event before
+             the next one: training never waits on the CPU for rvd's GPU work,
+             and the next update cannot overwrite weights rvd has not copied
+             yet. Without an optimizer, step() records the event and makes the
+             current stream wait on rvd's before it returns (every later
+             kernel waits for rvd's copy, about 0.2 ms for a 7B V set, not
+             only the next update), which takes the notification's answer on
+             the CPU (rvd answers once its copy is enqueued).
+  rvd restarts  a notification answered NOT_FOUND registers again; UNAVAILABLE
+             registers again once rvd answers (1 s, doubling to 30 s),
+             following on_error.
+  measure_now()  measures the weights as they are, by copy.
+  close()    (also at exit and when the monitor is dropped) unregisters.
+"auto": ipc when every monitored weight is on one CUDA device and rvd takes
+the registration; copy when the weights are elsewhere, or rvd answers
+FAILED_PRECONDITION (a backend without a GPU, another device),
+UNIMPLEMENTED (an older rvd), PERMISSION_DENIED (an expandable segment's
+descriptors) or refuses these weights otherwise (logged once). "ipc" raises
+TransportUnavailable in those cases.
 """
+import atexit
 import collections
 import csv
 import dataclasses
@@ -49,15 +85,17 @@ import json
 import logging
 import os
 import re
+import threading
 import time
+import weakref
 from typing import List, Optional
 
 import torch
 
-from . import architectures
+from . import architectures, ipc
 from ._stubs import rvd_pb2
 from .client import Client, layout_value
-from .errors import RvdError
+from .errors import RvdError, TransportUnavailable
 from .types import RVMeasurement
 
 log = logging.getLogger("rvd")
@@ -72,34 +110,23 @@ _BACKOFF_START_S = 1.0
 _BACKOFF_MAX_S = 300.0
 
 
-class TransportUnavailable(NotImplementedError):
-    """The transport asked for cannot be used with this rvd."""
-
-
-def _ipc_method():
-    """The name of rvd's IPC registration method, when the API has one."""
-    service = rvd_pb2.DESCRIPTOR.services_by_name["Rvd"]
-    for name in service.methods_by_name:
-        if name.startswith("Register"):
-            return name
-    return None
+# ipc: registering again after rvd could not be reached, at most this
+# often (seconds), doubling to the maximum.
+_REREGISTER_START_S = 1.0
+_REREGISTER_MAX_S = 30.0
+# rvd's reasons (NotifyStepResponse.reason) as RVMeasurement triggers.
+_IPC_TRIGGERS = {"adaptive_check": "delta", "forced": "manual",
+                 "inference": "registration"}
+# Codes after which transport="auto" uses copy: rvd cannot take these weights.
+_IPC_REFUSALS = frozenset({"FAILED_PRECONDITION", "UNIMPLEMENTED",
+                           "PERMISSION_DENIED", "INVALID_ARGUMENT"})
+_live_monitors = weakref.WeakSet()  # closed at exit (unregisters)
 
 
 def _check_transport(transport):
     if transport not in ("auto", "ipc", "copy"):
         raise ValueError(f"transport={transport!r}: expected 'auto', 'ipc' or 'copy'")
-    if transport == "ipc":
-        method = _ipc_method()
-        if method is None:
-            raise TransportUnavailable(
-                "transport='ipc' needs rvd's CUDA IPC registration API (issue "
-                "15 section 2: register a model's V tensors once by CUDA IPC "
-                "handle, then notify steps), which rvd.v1.Rvd does not have "
-                "yet (proto/rvd/v1/rvd.proto); use transport='copy' or 'auto'")
-        raise TransportUnavailable(
-            f"rvd.v1.Rvd has {method}, but this client does not implement the "
-            "IPC transport yet; use transport='copy' or 'auto'")
-    return "copy"
+    return transport
 
 
 def _default_model_id(arch):
@@ -117,6 +144,8 @@ class RVMonitor:
     <arch>.<pid>.<n>), timeout (seconds a measurement may take) and client
     (an rvd.Client to share). early_layers and late_layers: both or neither
     (neither: every layer is sent and rvd takes the first and last quarter).
+    optimizer: the torch optimizer that updates the weights, for the ipc
+    transport's pre- and post-step hooks (see the module doc).
     """
 
     def __init__(self, model, early_layers=None, late_layers=None,
@@ -124,7 +153,7 @@ class RVMonitor:
                  delta_threshold=0.01, arch=None, history_maxlen=1000,
                  prometheus=False, verbose=False, address=None,
                  transport="auto", per_head=False, on_error="warn",
-                 model_id=None, timeout=30.0, client=None):
+                 model_id=None, timeout=30.0, client=None, optimizer=None):
         if mode not in ("inference", "training"):
             raise ValueError(f"mode={mode!r}: expected 'inference' or 'training'")
         if isinstance(measurement_interval, bool) or not isinstance(
@@ -138,7 +167,8 @@ class RVMonitor:
         if (early_layers is None) != (late_layers is None):
             raise ValueError("give both early_layers and late_layers, or neither "
                              "(then rvd uses the first and last quarter)")
-        self.transport = _check_transport(transport)
+        requested = _check_transport(transport)
+        self._closed = True  # until the constructor is through (close, __del__)
         self.model = model
         self._mode = mode
         self.measurement_interval = measurement_interval
@@ -200,10 +230,23 @@ class RVMonitor:
         self._backoff = 0.0
         self._pending_registration = False
         self._gauges = self._prometheus_gauges() if prometheus else None
+        self._lock = threading.Lock()  # history and latest: the watch thread
+        self._sequences = set()        # ipc: (sequence, step) recorded
+        self._by_step = {}             # ipc: step -> record without its reason
+        self._reasons = {}             # ipc: step -> trigger, before its record
+        self._requested = requested
+        self._link: Optional[ipc.LiveLink] = None
+        self._watch: Optional[ipc.MeasurementWatch] = None
+        self._hooks = ()
+        self._optimizer = optimizer
+        self._registered_ptrs = None   # ipc: {layer: data_ptr} registered
+        self._closed = False
 
-        self._measure("registration")
-        if self._latest is None and mode == "inference":
-            self._pending_registration = True
+        self.transport = self._open_transport(requested)
+        if self.transport == "copy":
+            self._measure("registration")
+            if self._latest is None and mode == "inference":
+                self._pending_registration = True
 
     # ---- seed 000's properties ------------------------------------------
 
@@ -214,7 +257,8 @@ class RVMonitor:
 
     @property
     def history(self) -> List[RVMeasurement]:
-        return list(self._history)
+        with self._lock:
+            return list(self._history)
 
     @property
     def layers(self) -> List[int]:
@@ -263,6 +307,8 @@ class RVMonitor:
         (see the module doc). Returns the newest R_V."""
         self._step += 1
         n = self._step
+        if self.transport == "ipc":
+            return self._step_ipc(n)
         if self._mode == "inference":
             if self._pending_registration and time.monotonic() >= self._paused_until:
                 self._measure("registration")
@@ -289,12 +335,23 @@ class RVMonitor:
         return self.rv
 
     def measure_now(self) -> Optional[float]:
-        """Measures now, whatever the policy; returns R_V (None when the
+        """Measures now, whatever the policy, the weights as they are (by
+        copy, whatever the transport); returns R_V (None when the
         measurement failed and on_error="warn")."""
         record = self._measure("manual")
         return record.rv if record is not None else None
 
     # ---- measuring --------------------------------------------------------
+
+    def _spec(self, layer, dtype, shape):
+        """The TensorSpec of one layer's stored V tensor."""
+        rows, cols = shape
+        g = self.resolved.geometry or (1, 1, rows)
+        return rvd_pb2.TensorSpec(
+            name=self._names[layer], layer=layer, dtype=_DTYPES[dtype],
+            shape=[rows, cols], layout=self._layout,
+            geometry=rvd_pb2.HeadGeometry(num_heads=g[0], num_kv_heads=g[1],
+                                          head_dim=g[2]))
 
     def _tensor(self, layer):
         """(TensorSpec, bytes) of one layer's stored V tensor, as it is now."""
@@ -304,15 +361,8 @@ class RVMonitor:
         if w.dtype == torch.float64:
             w = w.to(torch.float32)
         w = w.contiguous()
-        rows, cols = w.shape
         arr = w.view(torch.int16).numpy() if w.dtype == torch.bfloat16 else w.numpy()
-        g = self.resolved.geometry or (1, 1, rows)
-        spec = rvd_pb2.TensorSpec(
-            name=self._names[layer], layer=layer, dtype=_DTYPES[w.dtype],
-            shape=[rows, cols], layout=self._layout,
-            geometry=rvd_pb2.HeadGeometry(num_heads=g[0], num_kv_heads=g[1],
-                                          head_dim=g[2]))
-        return spec, memoryview(arr).cast("B")
+        return self._spec(layer, w.dtype, tuple(w.shape)), memoryview(arr).cast("B")
 
     def _measure(self, trigger, delta=None):
         t0 = time.perf_counter()
@@ -336,13 +386,11 @@ class RVMonitor:
             per_head_pr={l.layer: list(l.head_pr) for l in m.layers if l.head_pr},
             sequence=m.sequence, trigger=trigger, delta=delta,
             engine_ms=m.elapsed_ms)
-        self._history.append(record)
-        self._count += 1
-        self._latest = record
+        self._record(record)
         self._pending_registration = False
         previous = self._last_keys
         self._last_keys = keys
-        if self.adaptive:
+        if self.adaptive and self.transport == "copy":
             with torch.no_grad():
                 for l, (w, _, _) in keys.items():
                     if previous is not None and _same(previous[l], keys[l]):
@@ -350,34 +398,67 @@ class RVMonitor:
                     self._last_weights[l] = w.detach().clone()
                     self._last_sq[l] = float(torch.sum(
                         w.detach().float() ** 2, dtype=torch.float64))
+        self._answered()
+        return record
+
+    def _answered(self):
+        """rvd answered a call: the failures are over."""
         if self._failing:
             log.info("rvd at %s answers again (model %s, step %d) after %d "
-                     "failed measurement(s)", self.client.address,
+                     "failed call(s)", self.client.address,
                      self.model_id, self._step, self._failing)
         self._failing = 0
         self._backoff = 0.0
+
+    def _record(self, record):
+        """Appends a measurement to the history. With the ipc transport,
+        once per (rvd sequence, step): the watch stream may deliver one
+        recorded here already (a restarted rvd without data_dir numbers
+        from 1 again, but never at the same step)."""
+        with self._lock:
+            if self._link is not None and record.sequence:
+                key = (record.sequence, record.step)
+                if key in self._sequences:
+                    return False
+                self._sequences.add(key)
+                if len(self._sequences) > 4 * (self._history.maxlen or 1000):
+                    self._sequences = {(r.sequence, r.step) for r in self._history}
+                    self._sequences.add(key)
+            self._history.append(record)
+            self._count += 1
+            if self._latest is None or self._latest.step is None or \
+                    record.step is None or record.step >= self._latest.step:
+                self._latest = record
         if self._gauges is not None:
             self._update_gauges(record)
         if self.verbose:
             log.info("rvd %s step %s (%s): R_V %s, %.2f ms", self.model_id,
-                     step, trigger, record.rv, elapsed_ms)
-        return record
+                     record.step, record.trigger, record.rv,
+                     record.elapsed_ms or 0.0)
+        return True
 
-    def _failed(self, error, trigger):
+    def _failed(self, error, trigger, step=None):
         self.last_error = error
-        self.skipped.append((self._step, trigger, error.code_name))
+        step = self._step if step is None else step
+        self.skipped.append((step, trigger, error.code_name))
         self._failing += 1
         if error.unreachable:
             self.client.reconnect()
         if error.code_name == "DEADLINE_EXCEEDED":
             self._backoff = min(_BACKOFF_MAX_S, max(_BACKOFF_START_S, 2 * self._backoff))
             self._paused_until = time.monotonic() + self._backoff
+        elif self.transport == "ipc" and error.code_name == "UNAVAILABLE":
+            # registered again once rvd answers: try at most this often
+            self._backoff = min(_REREGISTER_MAX_S,
+                                max(_REREGISTER_START_S, 2 * self._backoff))
+            self._paused_until = time.monotonic() + self._backoff
         if self.on_error == "raise":
             raise error
         level = logging.WARNING if (self._failing == 1 or not error.unreachable) \
             else logging.DEBUG
-        log.log(level, "rvd: %s measurement of model %s at step %d skipped "
-                "(training goes on): %s", trigger, self.model_id, self._step, error)
+        what = "notification" if trigger == "notify" else f"{trigger} measurement"
+        log.log(level, "rvd: %s of model %s at step %d skipped "
+                "(training goes on): %s", what, self.model_id, step, error)
 
     # ---- Prometheus (seed 000: rv_cuda_rv, rv_cuda_pr_layer) --------------
 
@@ -465,14 +546,277 @@ class RVMonitor:
         return "\n".join(lines)
 
     def close(self):
+        """Ends the ipc registration (UnregisterLiveModel), its watch and
+        hooks, and the client's channel when the monitor made it. Called
+        again, or at exit, it does nothing."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        for h in self._hooks:
+            h.remove()
+        self._hooks = ()
+        if self._watch is not None:
+            self._watch.stop()
+        if self._link is not None:
+            try:  # the trainer's stream past its waits on rvd's event
+                self._link.cuda.synchronize()
+            except Exception:  # noqa: BLE001 - closing at exit: CUDA may be gone
+                pass
+            self._link.unregister()
         if self._owns_client:
             self.client.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
+    # ---- the ipc transport (see the module doc and rvd/ipc.py) -------------
+
+    def _ipc_device(self):
+        """The one CUDA device of every monitored weight; IpcUnsupported
+        saying why not otherwise."""
+        devices = {self._modules[l].weight.device for l in self._layers}
+        if len(devices) != 1 or next(iter(devices)).type != "cuda":
+            raise ipc.IpcUnsupported(
+                "the ipc transport needs every monitored V weight on one CUDA "
+                f"device; they are on {sorted(str(d) for d in devices)}")
+        for l in self._layers:
+            if self._modules[l].weight.dtype not in _DTYPES:
+                raise ipc.IpcUnsupported(
+                    f"{self._names[l]}: dtype {self._modules[l].weight.dtype}: rvd "
+                    "reads float32, float16 and bfloat16 in place")
+        return next(iter(devices))
+
+    def _live_request(self, device):
+        """The RegisterLiveModelRequest of the monitored weights as they
+        are now (the header's step is set at registration)."""
+        segments = ipc.segment_sizes(device)
+        tensors, ptrs = [], {}
+        for l in self._layers:
+            w = self._modules[l].weight.detach()
+            spec = self._spec(l, w.dtype, tuple(w.shape))
+            tensors.append(ipc.live_tensor(spec, w, ipc.share_tensor(w), segments))
+            ptrs[l] = w.data_ptr()
+        header = Client.header(self.model_id, [], 0, self.early_layers,
+                               self.late_layers, self.per_head)
+        mode = (rvd_pb2.TriggerPolicy.MODE_INFERENCE if self._mode == "inference"
+                else rvd_pb2.TriggerPolicy.MODE_TRAINING)
+        policy = rvd_pb2.TriggerPolicy(
+            mode=mode, measurement_interval=self.measurement_interval,
+            adaptive=self.adaptive, delta_threshold=self.delta_threshold)
+        request = rvd_pb2.RegisterLiveModelRequest(
+            header=header, tensors=tensors,
+            device_uuid=ipc.device_uuid(torch.cuda.get_device_properties(device)),
+            producer_pid=os.getpid(), policy=policy)
+        return request, ptrs
+
+    def _open_transport(self, requested):
+        """The transport the monitor uses: registers with rvd for "ipc" and
+        "auto" (module doc); "copy" when auto may not use ipc."""
+        if requested == "copy":
+            return "copy"
+        try:
+            device = self._ipc_device()
+            request, ptrs = self._live_request(device)
+        except ipc.IpcUnsupported as e:
+            if requested == "ipc":
+                raise
+            log.debug("rvd: model %s by copy: %s", self.model_id, e)
+            return "copy"
+        self._registered_ptrs = ptrs
+        self._link = ipc.LiveLink(self.client, request, ipc.TorchCuda(device),
+                                  self.timeout)
+        self._link.on_response = self._on_response
+        self.transport = "ipc"
+        _live_monitors.add(self)
+        self._register_ipc("registration", measure_on_refusal=False)
+        return self.transport  # copy after a refusal; else ipc (maybe pending)
+
+    def _register_ipc(self, trigger, measure_on_refusal=True):
+        """RegisterLiveModel; True when registered. A refusal (FAILED_
+        PRECONDITION, UNIMPLEMENTED, ...) makes "auto" use copy from now on
+        (and measure by copy, when measure_on_refusal) and "ipc" raise
+        TransportUnavailable; other errors follow on_error and leave the
+        registration pending (tried again by step())."""
+        link = self._link
+        try:
+            if self._watch is None:
+                self._start_watch()
+            response = link.register(self._step)
+        except RvdError as e:
+            if e.code_name in _IPC_REFUSALS:
+                self._close_ipc()
+                if self._requested == "ipc":
+                    raise TransportUnavailable(
+                        f"rvd at {self.client.address} does not take model "
+                        f"{self.model_id}'s weights through CUDA IPC: "
+                        f"{e.code_name}: {e.details}") from e
+                log.warning("rvd at %s does not take live weights through CUDA "
+                            "IPC (%s: %s): model %s by copy", self.client.address,
+                            e.code_name, e.details, self.model_id)
+                self.transport = "copy"
+                if measure_on_refusal:
+                    self._measure(trigger)
+                    if self._latest is None and self._mode == "inference":
+                        self._pending_registration = True
+                return False
+            self._failed(e, trigger)
+            return False
+        self._answered()
+        if self._optimizer is not None and not self._hooks:
+            try:
+                self._hooks = ipc.attach_optimizer(
+                    self._optimizer, self._before_update, self._after_update)
+            except TypeError as e:
+                log.warning("rvd: %s; step() waits on rvd's event itself", e)
+                self._optimizer = None
+        if response.HasField("measurement"):
+            self._deliver_proto(response.measurement, "registration")
+        if self.verbose:
+            log.info("rvd: model %s registered live (%d segments, %d reused, "
+                     "%d snapshot bytes, lease %d s)", self.model_id,
+                     response.segments_mapped, response.segments_reused,
+                     response.snapshot_bytes, response.lease_seconds)
+        return True
+
+    def _start_watch(self):
+        """The watch of this model's measurements, from rvd's newest one
+        (a reused model_id's older history is not this monitor's)."""
+        try:
+            after = self.client.latest(self.model_id).sequence
+        except RvdError as e:
+            if e.code_name != "NOT_FOUND":
+                raise
+            after = 0
+        self._watch = ipc.MeasurementWatch(self.client, self.model_id, after,
+                                           self._deliver, self._watch_reset)
+
+    def _close_ipc(self):
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
+        self._link = None
+        _live_monitors.discard(self)
+
+    def _step_ipc(self, n):
+        link = self._link
+        ptrs = self._registered_ptrs
+        if link.registered and any(self._modules[l].weight.data_ptr() != ptrs[l]
+                                   for l in self._layers):
+            # a parameter was replaced or moved: share the new memory
+            log.info("rvd: model %s's V weights moved at step %d: registering "
+                     "them again", self.model_id, n)
+            try:
+                link.request, self._registered_ptrs = self._live_request(
+                    self._ipc_device())
+            except ipc.IpcUnsupported as e:
+                raise TransportUnavailable(f"model {self.model_id}: {e}") from e
+            link.registered = False
+            self._paused_until = 0.0
+        if not link.registered:
+            if time.monotonic() < self._paused_until or \
+                    not self._register_ipc("registration"):
+                return self.rv
+            return self.rv  # registered at step n: step n + 1 is notified first
+        if self._mode == "inference":
+            return self.rv  # rvd serves the registration's measurement
+        try:
+            link.notify(n, wait=self._optimizer is None)
+        except RvdError as e:
+            self._failed(e, "notify", step=n)
+        return self.rv
+
+    def _before_update(self):
+        """The optimizer's pre-step hook (ipc)."""
+        link = self._link
+        if link is None or self.transport != "ipc":
+            return
+        try:
+            link.before_update()
+        except RvdError as e:
+            self._failed(e, "notify", step=link.last_notified)
+        else:
+            if link.registered:
+                self._answered()
+
+    def _after_update(self):
+        """The optimizer's post-step hook (ipc)."""
+        link = self._link
+        if link is not None and self.transport == "ipc" and link.registered:
+            link.after_update()
+
+    def _on_response(self, step, response):
+        """A NotifyStep answer (gRPC's thread): the step's trigger, for its
+        measurement whether it arrived already or not."""
+        if not response.snapshot:
+            return
+        trigger = _IPC_TRIGGERS.get(response.reason, response.reason)
+        with self._lock:
+            record = self._by_step.pop(step, None)
+            if record is not None:
+                record.trigger = trigger
+            else:
+                self._reasons[step] = trigger
+                for old in [s for s in self._reasons if s < step - 1000]:
+                    del self._reasons[old]
+
+    def _deliver(self, m):
+        """A measurement of this model from the watch (its thread)."""
+        link = self._link
+        times = link.notified_at.pop(m.step, None) if link is not None else None
+        record = RVMeasurement(
+            rv=m.rv, per_layer_pr=dict(m.per_layer_pr), timestamp=m.timestamp,
+            step=m.step if self._mode == "training" else None,
+            elapsed_ms=(time.monotonic() - times[0]) * 1e3 if times else None,
+            per_head_pr=dict(m.per_head_pr), sequence=m.sequence,
+            trigger="", engine_ms=m.elapsed_ms,
+            latency_ms=(m.timestamp - times[1]) * 1e3 if times else None)
+        with self._lock:  # its trigger: the answer came first, or comes later
+            if self._mode == "training":
+                record.trigger = self._reasons.pop(m.step, "")
+                if not record.trigger:
+                    self._by_step[m.step] = record
+                    for old in [s for s in self._by_step if s < m.step - 1000]:
+                        del self._by_step[old]
+            else:
+                record.trigger = "registration"
+        self._record(record)
+        if link is not None:
+            for old in [s for s in list(link.notified_at) if s < m.step]:
+                link.notified_at.pop(old, None)  # snapshots rvd did not keep
+
+    def _deliver_proto(self, proto, trigger):
+        from .types import Measurement
+        m = Measurement.from_proto(proto)
+        record = RVMeasurement(
+            rv=m.rv, per_layer_pr=m.per_layer_pr, timestamp=m.timestamp,
+            step=m.step if self._mode == "training" else None, elapsed_ms=None,
+            per_head_pr=m.per_head_pr, sequence=m.sequence, trigger=trigger,
+            engine_ms=m.elapsed_ms)
+        self._record(record)
+
+    def _watch_reset(self):
+        """rvd restarted without its log: its sequence numbers begin again."""
+        with self._lock:
+            self._sequences = set()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+@atexit.register
+def _close_live_monitors():
+    """Unregisters every live model still open when Python exits."""
+    for monitor in list(_live_monitors):
+        try:
+            monitor.close()
+        except Exception:  # noqa: BLE001 - at exit: rvd may be gone
+            pass
 
 
 def _same(a, b):

@@ -124,12 +124,16 @@ class RVMeasurement:
     finished computing). step: the monitor's step in training mode (0 for the
     measurement at registration), None in inference mode. elapsed_ms: the
     monitor's wall time for the measurement (reading the weights, sending
-    them, rvd computing). The rest: per_head_pr {layer: [PR per kv head]}
+    them, rvd computing; ipc transport: from the step notification to the
+    result's arrival here). The rest: per_head_pr {layer: [PR per kv head]}
     when per_head; sequence: rvd's log position; trigger: why it was taken
-    ("registration", "interval", "delta", "manual", "retry"); delta: the
+    ("registration", "interval", "delta", "manual", "retry"; ipc also
+    "first": rvd's first notified step); delta: the
     relative weight change ||W - W_last||_F / ||W_last||_F over the
     monitored V set when the delta trigger computed it, else None;
-    engine_ms: rvd's engine time.
+    engine_ms: rvd's engine time; latency_ms (ipc transport): from the step
+    notification to rvd's timestamp of the result (both the host's wall
+    clock), i.e. notification -> measurement recorded.
     """
     rv: Optional[float]
     per_layer_pr: Dict[int, float]
@@ -141,3 +145,4 @@ class RVMeasurement:
     trigger: str = ""
     delta: Optional[float] = None
     engine_ms: Optional[float] = None
+    latency_ms: Optional[float] = None
