@@ -81,6 +81,7 @@
 #include "kernels/engine.h"
 #include "kernels/estimator_math.h"
 #include "kernels/estimator_rng.h"
+#include "kernels/gram_eigen.h"
 #include "kernels/oracle_svd.h"
 
 namespace rvd {
@@ -1163,6 +1164,16 @@ class CpuEngine : public Engine {
       if (!s.ok()) return s;
     }
     return absl::OkStatus();
+  }
+
+  // gram_eigen.h: split along the long side across the pool like a large
+  // algebraic Gram, the extra partial Grams within the same budget.
+  absl::Status GramEigenvalues(const MatrixView& m, absl::Span<double> out,
+                               const CallOptions& call) override {
+    return CpuGramEigenvalues(
+        m, out, call,
+        [this](int64_t n, const std::function<void(int64_t)>& fn) { pool_.ParallelFor(n, fn); },
+        pool_.size(), budget_, kSplitMinFlops);
   }
 
  private:

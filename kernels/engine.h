@@ -154,6 +154,23 @@ class Engine {
     return ComputePRDevice(batch, variant, out, ready, CallOptions());
   }
 
+  // For activation statistics: the eigenvalues of the Gram of m's smaller
+  // side (m m^T when rows <= cols, else m^T m), which are the squared
+  // singular values of m: min(rows, cols) of them, ascending, into out.
+  // Computed in float64 (a float64 Gram, then a symmetric eigensolver), so
+  // rounding may leave values near 0 slightly negative (|x| within a few
+  // max(rows, cols) * 2^-52 * max). m is host memory; the Gram is held whole
+  // (min(rows, cols)^2 doubles: the caller bounds the side). Errors:
+  // INVALID_ARGUMENT for a bad view, out.size() != min(rows, cols) or NaN/Inf
+  // in m; RESOURCE_EXHAUSTED when the scratch cannot be had; CANCELLED once
+  // call.cancel is set; UNIMPLEMENTED for a backend without it.
+  virtual absl::Status GramEigenvalues(const MatrixView& m, absl::Span<double> out,
+                                       const CallOptions& call) {
+    (void)m, (void)out, (void)call;
+    return absl::UnimplementedError(
+        absl::StrCat("the ", Backend(), " backend has no Gram eigenvalues"));
+  }
+
   // Everything an operator needs to see of the engine, cumulative counters
   // and the state now (EngineStats): which kernel served each matrix (the
   // proof of the path that ran), events, phase times, device errors,

@@ -22,7 +22,7 @@ extern "C" void dgesdd_(const char* jobz, const int* m, const int* n, double* a,
 
 namespace rvd {
 
-absl::StatusOr<double> SvdPR(const MatrixView& m, size_t index) {
+absl::StatusOr<std::vector<double>> SvdSingularValues(const MatrixView& m, size_t index) {
   if (m.rows * m.cols > (int64_t{1} << 31)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch[", index, "]: matrix too large for the LAPACK SVD (", m.rows,
@@ -58,7 +58,7 @@ absl::StatusOr<double> SvdPR(const MatrixView& m, size_t index) {
       a[i * cols + j] = x;
     }
   }
-  if (!any_nonzero) return 0.0;
+  if (!any_nonzero) return std::vector<double>(s.size(), 0.0);
 
   const int lda = lm, one = 1;
   double dummy = 0, wsize = 0;
@@ -82,7 +82,13 @@ absl::StatusOr<double> SvdPR(const MatrixView& m, size_t index) {
     return absl::InternalError(
         absl::StrCat("batch[", index, "]: dgesdd failed: info=", info));
   }
-  return PRFromSingularValues(s);
+  return s;
+}
+
+absl::StatusOr<double> SvdPR(const MatrixView& m, size_t index) {
+  absl::StatusOr<std::vector<double>> s = SvdSingularValues(m, index);
+  if (!s.ok()) return s.status();
+  return PRFromSingularValues(*s);
 }
 
 absl::StatusOr<double> OraclePR(const MatrixView& m) {

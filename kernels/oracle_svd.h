@@ -4,6 +4,7 @@
 #define RVD_KERNELS_ORACLE_SVD_H_
 
 #include <cstddef>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/engine.h"
@@ -16,6 +17,11 @@ namespace rvd {
 // indexing), RESOURCE_EXHAUSTED when the float64 copy cannot be allocated,
 // INTERNAL when dgesdd fails.
 absl::StatusOr<double> SvdPR(const MatrixView& m, size_t index);
+
+// The singular values SvdPR takes PR from: min(rows, cols) of them,
+// descending (all 0 for a zero matrix). Errors as SvdPR's. The reference of
+// the engines' Gram eigenvalues (their squares), in the tests.
+absl::StatusOr<std::vector<double>> SvdSingularValues(const MatrixView& m, size_t index);
 
 }  // namespace rvd
 

@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -52,6 +53,30 @@ class ModuleEngine : public Engine {
                                absl::Span<double> out, void* ready,
                                const CallOptions& call) override {
     return Compute(batch, variant, out, RVD_MEMORY_DEVICE, ready, call);
+  }
+
+  // The module's gram_eigenvalues (ABI 4); a module whose table has it NULL
+  // answers UNIMPLEMENTED. out is checked here: the module writes
+  // min(rows, cols) values into it.
+  absl::Status GramEigenvalues(const MatrixView& m, absl::Span<double> out,
+                               const CallOptions& options) override {
+    if (module_->gram_eigenvalues == nullptr) {
+      return absl::UnimplementedError(
+          "this CUDA module has no Gram eigenvalues (its gram_eigenvalues is NULL)");
+    }
+    const int64_t n = std::min(m.rows, m.cols);
+    if (n <= 0 || out.size() != static_cast<size_t>(n)) {
+      return absl::InvalidArgumentError(absl::StrCat("out has ", out.size(),
+                                                     " slots for the eigenvalues of a ",
+                                                     m.rows, " x ", m.cols, " matrix's Gram"));
+    }
+    const rvd_matrix mm{m.data,         m.rows,          m.cols,       m.ld,
+                        static_cast<int32_t>(m.dtype), RVD_MEMORY_HOST, m.block_rows,
+                        m.block_stride};
+    const rvd_call call{nullptr, options.cancel};
+    rvd_status status{};
+    module_->gram_eigenvalues(engine_, &mm, out.data(), &call, &status);
+    return FromModule(status);
   }
 
   absl::Status Compute(absl::Span<const MatrixView> batch, const VariantSpec& variant,

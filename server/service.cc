@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "server/activations.h"
 #include "server/alert_watch.h"
 #include "server/history_query.h"
 #include "server/log_text.h"
@@ -193,6 +194,45 @@ grpc::Status RvdService::Measure(grpc::ServerContext* context,
   std::vector<std::string_view> data(request->data().begin(),
                                      request->data().end());
   return Finish(Run(context, request->header(), data, response));
+}
+
+grpc::Status RvdService::MeasureActivations(grpc::ServerContext* context,
+                                            const rvd::v1::MeasureActivationsRequest* request,
+                                            rvd::v1::MeasureActivationsResponse* response) {
+  absl::StatusOr<uint64_t> total = ValidateActivations(*request, limits_.max_request_bytes);
+  if (!total.ok()) return Finish(total.status());
+  ByteBudget::Reservation reservation(buffered_);
+  if (!reservation.Take(request->ByteSizeLong())) {
+    return Finish(OverBudget(buffered_.limit(), request->ByteSizeLong()));
+  }
+  metrics_.AddIngestedBytes(*total);
+  InflightSlot slot(inflight_, limits_.max_inflight_requests);
+  if (!slot.acquired()) return Finish(Busy(limits_.max_inflight_requests));
+  const auto gone = [context] { return context->IsCancelled(); };
+  std::atomic<bool> cancel{false};
+  CancelWatch::Watch cancel_watch(cancel_watch_, gone, &cancel);
+  absl::StatusOr<rvd::v1::MeasureActivationsResponse> r =
+      absl::InternalError("not computed");
+  absl::Status queued = pool_.Run(
+      [&] {
+        if (gone()) {
+          r = absl::CancelledError("the client went away before computing");
+          return;
+        }
+        try {
+          r = ComputeActivationStats(engine_, *request, &cancel);
+        } catch (const std::bad_alloc&) {
+          r = absl::ResourceExhaustedError("out of memory while computing activation statistics");
+        }
+      },
+      Deadline(context), gone);
+  if (!queued.ok()) return Finish(queued);
+  if (!r.ok()) return Finish(r.status());
+  spdlog::info("activations model={} step={} tensors={} bytes={} backend={} elapsed_ms={:.3f}",
+               LogEscape(r->model_id()), r->step(), r->stats_size(), *total, r->backend(),
+               r->elapsed_ms());
+  *response = *std::move(r);
+  return grpc::Status::OK;
 }
 
 absl::Status RvdService::ReceiveStream(

@@ -87,6 +87,12 @@ class RvdService final
   grpc::Status MeasureStream(grpc::ServerContext* context,
                              grpc::ServerReader<rvd::v1::MeasureChunk>* reader,
                              rvd::v1::Measurement* response) override;
+  // Activation statistics (activations.h): validated, then computed on the
+  // compute pool like a measurement (an in-flight slot, the client's
+  // deadline, the byte budget for the request's bytes); nothing is stored.
+  grpc::Status MeasureActivations(grpc::ServerContext* context,
+                                  const rvd::v1::MeasureActivationsRequest* request,
+                                  rvd::v1::MeasureActivationsResponse* response) override;
   grpc::Status GetLatest(grpc::ServerContext* context,
                          const rvd::v1::GetLatestRequest* request,
                          rvd::v1::Measurement* response) override;
