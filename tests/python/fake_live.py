@@ -6,6 +6,8 @@ WatchMeasurements) with the TriggerPolicy of rvd.proto, its measurements
 made up from the step (rv = step, PR of layer l = step + l / 100), since it
 cannot read the trainer's memory. The real rvd is tested on the GPU host
 (tests/python/gpu)."""
+import itertools
+import math
 import threading
 import types
 from concurrent import futures
@@ -64,12 +66,19 @@ class FakeCuda:
         self.log.add("synchronize")
 
 
+# handle -> the tensor it was made for, so that FakeRvd(real=True) can read
+# the "shared" memory as rvd reads the trainer's.
+HANDLES = {}
+_handles = itertools.count(1)
+
+
 def fake_share(t):
-    """_share_cuda_()'s tuple for a CPU tensor: a 'c' handle per storage."""
+    """_share_cuda_()'s tuple for a CPU tensor: a 'c' handle of its own."""
     elem = t.element_size()
     storage_bytes = (t.storage_offset() + t.numel()) * elem
-    tag = (id(t) % 251).to_bytes(1, "little")
-    return (0, b"\x02c" + tag * 64, storage_bytes, 4096, b"", 0, b"", True)
+    handle = b"\x02c" + next(_handles).to_bytes(64, "little")
+    HANDLES[handle] = t
+    return (0, handle, storage_bytes, 4096, b"", 0, b"", True)
 
 
 def install(monkeypatch, log):
@@ -87,9 +96,10 @@ def install(monkeypatch, log):
                             uuid=types.SimpleNamespace(bytes=bytes(range(16)))))
 
 
-class HookedSGD(torch.optim.SGD):
-    """SGD with torch 2's register_step_pre_hook / register_step_post_hook
-    (Debian's torch 1.13 has neither); step() logs ("update", n)."""
+class _Hooked:
+    """An optimizer with torch 2's register_step_pre_hook /
+    register_step_post_hook (Debian's torch 1.13 has neither); step() logs
+    ("update", n)."""
 
     def __init__(self, params, log, **kw):
         super().__init__(params, **kw)
@@ -118,14 +128,24 @@ class HookedSGD(torch.optim.SGD):
         return out
 
 
+class HookedSGD(_Hooked, torch.optim.SGD):
+    pass
+
+
+class HookedAdamW(_Hooked, torch.optim.AdamW):
+    pass
+
+
 class FakeRvd(rvd_pb2_grpc.RvdServicer):
     """rvd's live RPCs as rvd.proto states them (see the module doc).
     deltas: {step: the delta rvd would compute at that step} for adaptive
     policies (0 where missing). refuse: a grpc.StatusCode RegisterLiveModel
     answers with, e.g. FAILED_PRECONDITION."""
 
-    def __init__(self, log=None, deltas=None, refuse=None):
+    def __init__(self, log=None, deltas=None, refuse=None, real=False):
         self.log = log if log is not None else Log()
+        self.real = real         # measure the tensors behind the handles
+        self.last_snapshot = {}  # real: model_id -> {layer: float64 copy}
         self.deltas = deltas or {}
         self.refuse = refuse
         self.lock = threading.Condition()
@@ -136,13 +156,49 @@ class FakeRvd(rvd_pb2_grpc.RvdServicer):
         self.answers = {}        # (model_id, step) -> NotifyStepResponse
         self.sequence = 0
 
-    def _measure(self, request, step):
+    stale = False  # a broken rvd: each snapshot is the previous notification's
+
+    def _snapshot(self, request):
+        now = {t.spec.layer: HANDLES[t.handle].detach().double().clone()
+               for t in request.tensors}
+        if not self.stale:
+            return now
+        before, self._previous = getattr(self, "_previous", now), now
+        return before
+
+    def _delta(self, request, snapshot):
+        last = self.last_snapshot.get(request.header.model_id)
+        num = sum(float(((snapshot[l] - last[l]) ** 2).sum()) for l in snapshot)
+        den = sum(float((last[l] ** 2).sum()) for l in snapshot)
+        return math.sqrt(num / den) if den else math.inf
+
+    def _measure(self, request, step, snapshot=None):
         layers = [t.spec.layer for t in request.tensors]
         self.sequence += 1
-        m = rvd_pb2.Measurement(
-            model_id=request.header.model_id, step=step, rv=float(step),
-            layers=[rvd_pb2.LayerPR(layer=l, pr=step + l / 100) for l in layers],
-            backend="fake", sequence=self.sequence, elapsed_ms=0.5)
+        if snapshot is None:
+            m = rvd_pb2.Measurement(
+                model_id=request.header.model_id, step=step, rv=float(step),
+                layers=[rvd_pb2.LayerPR(layer=l, pr=step + l / 100) for l in layers])
+        else:
+            def pr(x):
+                s2 = torch.linalg.eigvalsh(x @ x.T if x.shape[0] <= x.shape[1]
+                                           else x.T @ x).clamp_min(0)
+                return float(s2.sum() ** 2 / (s2 * s2).sum())
+            m = rvd_pb2.Measurement(model_id=request.header.model_id, step=step)
+            prs = {}
+            for t in request.tensors:
+                x, d = snapshot[t.spec.layer], t.spec.geometry.head_dim
+                prs[t.spec.layer] = pr(x)
+                heads = [pr(x[h * d:(h + 1) * d]) for h in range(x.shape[0] // d)] \
+                    if request.header.per_head else []
+                m.layers.add(layer=t.spec.layer, pr=prs[t.spec.layer], head_pr=heads)
+            early, late = request.header.early_layers, request.header.late_layers
+            if early and late:
+                def g(ls):
+                    return math.exp(sum(math.log(prs[l]) for l in ls) / len(ls))
+                m.rv = g(late) / g(early)
+            self.last_snapshot[request.header.model_id] = snapshot
+        m.backend, m.sequence, m.elapsed_ms = "fake", self.sequence, 0.5
         m.timestamp.GetCurrentTime()
         self.measurements.append(m)
         self.lock.notify_all()
@@ -158,7 +214,9 @@ class FakeRvd(rvd_pb2_grpc.RvdServicer):
                 rvd_event_handle=RVD_EVENT, segments_mapped=len(request.tensors),
                 lease_seconds=60)
             if request.policy.mode == rvd_pb2.TriggerPolicy.MODE_INFERENCE:
-                r.measurement.CopyFrom(self._measure(request, request.header.step))
+                r.measurement.CopyFrom(self._measure(
+                    request, request.header.step,
+                    self._snapshot(request) if self.real else None))
             self.live[request.header.model_id] = [request, None, None]
             return r
 
@@ -196,13 +254,17 @@ class FakeRvd(rvd_pb2_grpc.RvdServicer):
             elif request.step - measured >= interval:
                 snapshot, reason, measure = True, "interval", True
             elif p.adaptive:
-                snapshot, reason = True, "adaptive_check"
-                measure = self.deltas.get(request.step, 0.0) > threshold
+                snapshot, reason, measure = True, "adaptive_check", None
             else:
                 snapshot, reason, measure = False, "skipped", False
+            copy = self._snapshot(reg) if snapshot and self.real else None
+            if measure is None:
+                delta = self._delta(reg, copy) if self.real \
+                    else self.deltas.get(request.step, 0.0)
+                measure = delta > threshold
             if measure:
                 entry[2] = request.step
-                self._measure(reg, request.step)
+                self._measure(reg, request.step, copy)
             r = rvd_pb2.NotifyStepResponse(snapshot=snapshot, reason=reason,
                                            last_sequence=self.sequence)
             self.answers[(request.model_id, request.step)] = r

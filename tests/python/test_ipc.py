@@ -546,3 +546,51 @@ def test_auto_falls_back_to_copy_on_the_cpu_rvd(daemon, monkeypatch, caplog):
         rvd.RVMonitor(model, address=daemon.grpc_address, transport="ipc")
     assert isinstance(e.value.__cause__, rvd.RvdError)
     mon.close()
+
+
+# ---- the GPU tests' harness, on CPU against a fake rvd that reads the weights -----
+
+@pytest.mark.parametrize("stale", [False, True])
+def test_gpu_harness_on_cpu(monkeypatch, stale):
+    """tests/python/gpu/test_ipc_cuda.py's train() with live_check's
+    LiveChecker and PolicyOracle, against FakeRvd(real=True) (float64
+    snapshots of the CPU weights at each notification): exact and on policy
+    step for step; a fake that measures the previous notification's
+    weights (stale) is caught."""
+    import pathlib
+    import sys
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "gpu"))
+    import test_ipc_cuda as g
+    from live_check import PolicyOracle
+    log = Log()
+    fake = FakeRvd(log, real=True)
+    fake.stale = stale
+    server, address = fake_live.serve(fake)
+    fake_live.install(monkeypatch, log)
+    try:
+        torch.manual_seed(0)
+        model = models.LlamaForCausalLM(layers=g.LAYERS, heads=g.HEADS, kv_heads=g.KV,
+                                        hidden=g.HIDDEN)
+        opt = fake_live.HookedAdamW(model.parameters(), log, lr=1e-5)
+        interval, threshold = 5, 0.08
+        mon = rvd.RVMonitor(model, early_layers=g.EARLY, late_layers=g.LATE,
+                            mode="training", measurement_interval=interval,
+                            adaptive=True, delta_threshold=threshold, per_head=True,
+                            transport="ipc", on_error="raise", address=address,
+                            optimizer=opt)
+        policy = PolicyOracle(interval, True, threshold)
+        checker, decisions = g.train(model, mon, opt, 24,
+                                     lambda n: 1e-6 if n <= 12 else 1e-3, policy=policy)
+        mon.close()
+    finally:
+        server.stop(0)
+    if stale:
+        assert checker.failures
+        return
+    assert not checker.failures, checker.failures[:5]
+    assert checker.worst <= 1e-9 and checker.checked == len(mon.history)
+    assert not [d for d in decisions if d[1] != d[3] and not d[2]], decisions
+    measured = [d[0] for d in decisions if d[3]]
+    assert [r.step for r in mon.history] == measured
+    assert {"first", "interval", "delta"} <= {r.trigger for r in mon.history}, \
+        [(r.step, r.trigger) for r in mon.history]
