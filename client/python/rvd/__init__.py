@@ -6,8 +6,9 @@ watch_alerts), Tensor, AlertWatch, AlertEvent,
 Measurement, Gap, ModelSummary, RvdError, TransportUnavailable,
 compute_pr_algebraic.
 With torch (imported on first use): RVMonitor, RVMeasurement,
-MeasuredLinear, replace_v_proj_layers, and MODEL_V_PROJ_PATHS (the
-architecture registry, from config/architectures.yaml).
+MeasuredLinear, replace_v_proj_layers, MODEL_V_PROJ_PATHS (the
+architecture registry, from config/architectures.yaml), and
+VActivationMonitor with ActivationStats (V activation statistics).
 """
 from .client import AlertWatch, Client, Tensor, Watch
 from .errors import RvdError, TransportUnavailable
@@ -21,6 +22,8 @@ _LAZY = {
     "MeasuredLinear": "linear",
     "replace_v_proj_layers": "linear",
     "MODEL_V_PROJ_PATHS": "architectures",
+    "VActivationMonitor": "activations",
+    "ActivationStats": "activations",
 }
 
 
