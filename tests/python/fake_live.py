@@ -278,6 +278,13 @@ class FakeRvd(rvd_pb2_grpc.RvdServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, "no measurement")
         return mine[-1]
 
+    def GetHistory(self, request, context):
+        with self.lock:
+            mine = [m for m in self.measurements if m.model_id == request.model_id]
+        if request.limit:
+            mine = mine[-request.limit:]
+        return rvd_pb2.GetHistoryResponse(measurements=mine)
+
     def WatchMeasurements(self, request, context):
         after = request.after_sequence if request.HasField("after_sequence") \
             else self.sequence

@@ -334,6 +334,29 @@ class RVMonitor:
         self._measure(trigger, delta)
         return self.rv
 
+    def set_optimizer(self, optimizer):
+        """Hooks the ipc transport's ordering into `optimizer` (a torch >= 2.0
+        optimizer) instead of the one given before; None removes the hooks,
+        and step() then waits on rvd's event itself (see the module doc).
+        Does nothing with the copy transport but remember it."""
+        if self._hooks:
+            self._before_update()  # the notification in flight relied on them
+        for h in self._hooks:
+            h.remove()
+        self._hooks = ()
+        self._optimizer = optimizer
+        if optimizer is not None and self.transport == "ipc" and \
+                self._link is not None and self._link.registered:
+            self._attach_hooks()
+
+    def _attach_hooks(self):
+        try:
+            self._hooks = ipc.attach_optimizer(
+                self._optimizer, self._before_update, self._after_update)
+        except TypeError as e:
+            log.warning("rvd: %s; step() waits on rvd's event itself", e)
+            self._optimizer = None
+
     def measure_now(self) -> Optional[float]:
         """Measures now, whatever the policy, the weights as they are (by
         copy, whatever the transport); returns R_V (None when the
@@ -666,12 +689,7 @@ class RVMonitor:
             return False
         self._answered()
         if self._optimizer is not None and not self._hooks:
-            try:
-                self._hooks = ipc.attach_optimizer(
-                    self._optimizer, self._before_update, self._after_update)
-            except TypeError as e:
-                log.warning("rvd: %s; step() waits on rvd's event itself", e)
-                self._optimizer = None
+            self._attach_hooks()
         if response.HasField("measurement"):
             self._deliver_proto(response.measurement, "registration")
         if self.verbose:
