@@ -25,6 +25,8 @@
 
 namespace rvd {
 
+class LiveDevice;  // kernels/live_device.h
+
 enum class DType { kF32, kF16, kBF16 };
 
 // Bytes per element of `dtype`.
@@ -184,6 +186,12 @@ class Engine {
   // FreeHostBuffer, before the engine is destroyed.
   virtual void* AllocateHostBuffer(uint64_t /*bytes*/) { return nullptr; }
   virtual void FreeHostBuffer(void* /*p*/) {}
+
+  // The device side of live models (kernels/live_device.h): mapping a
+  // trainer's CUDA IPC segments, snapshots of its weights. nullptr for a
+  // backend without a device (the CPU engine) or a module without it.
+  // Owned by the engine; valid while it lives.
+  virtual LiveDevice* Live() { return nullptr; }
 };
 
 // The CPU engine on OpenBLAS. threads <= 0: one per core.

@@ -7,10 +7,12 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda_module.h"
+#include "kernels/live_device.h"
 
 // rvd_call::cancel crosses the boundary as the caller's std::atomic<bool>.
 static_assert(sizeof(std::atomic<bool>) == 1 && std::atomic<bool>::is_always_lock_free,
@@ -31,12 +33,111 @@ absl::Status FromModule(const rvd_status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.code), s.message);
 }
 
+rvd_matrix ToModuleMatrix(const MatrixView& v, int32_t memory) {
+  return rvd_matrix{v.data, v.rows, v.cols, v.ld, static_cast<int32_t>(v.dtype),
+                    memory, v.block_rows, v.block_stride};
+}
+
+// rvd::LiveDevice over the module's rvd_cuda_live table: a translation, no
+// policy (the module checks and maps; server/live_registry.cc decides).
+class ModuleLive final : public LiveDevice {
+ public:
+  ModuleLive(const rvd_cuda_live* live, rvd_cuda_engine* engine)
+      : live_(live), engine_(engine) {}
+
+  absl::StatusOr<MappedSegment> OpenSegment(IpcKind kind, absl::Span<const uint8_t> handle,
+                                            int32_t producer_pid,
+                                            uint64_t segment_bytes) override {
+    const rvd_ipc_segment_desc desc{static_cast<int32_t>(kind), handle.data(),
+                                    static_cast<uint32_t>(handle.size()), producer_pid,
+                                    segment_bytes};
+    MappedSegment out;
+    rvd_status status{};
+    rvd_ipc_segment* segment = live_->ipc_open(engine_, &desc, &out.base, &out.bytes, &status);
+    if (segment == nullptr) return Failed(status, "ipc_open");
+    out.segment = reinterpret_cast<Segment*>(segment);
+    return out;
+  }
+  void CloseSegment(Segment* segment) override {
+    live_->ipc_close(engine_, reinterpret_cast<rvd_ipc_segment*>(segment));
+  }
+
+  absl::StatusOr<std::string> DeviceUuid() override {
+    char out[64] = {};
+    rvd_status status{};
+    if (live_->device_uuid(engine_, out, &status) != 0) return FromModule(status);
+    out[63] = '\0';
+    return std::string(out);
+  }
+
+  absl::StatusOr<void*> OpenEvent(const IpcHandle& handle) override {
+    rvd_status status{};
+    void* event = live_->ipc_open_event(engine_, handle.data(), &status);
+    if (event == nullptr) return Failed(status, "ipc_open_event");
+    return event;
+  }
+  absl::StatusOr<OwnEvent> CreateEvent() override {
+    OwnEvent out;
+    rvd_status status{};
+    out.event = live_->ipc_create_event(engine_, out.handle.data(), &status);
+    if (out.event == nullptr) return Failed(status, "ipc_create_event");
+    return out;
+  }
+  void DestroyEvent(void* event) override { live_->event_destroy(engine_, event); }
+
+  absl::StatusOr<void*> AllocDevice(uint64_t bytes) override {
+    rvd_status status{};
+    void* p = live_->alloc_device(engine_, bytes, &status);
+    if (p == nullptr) return Failed(status, "alloc_device");
+    return p;
+  }
+  void FreeDevice(void* p) override { live_->free_device(engine_, p); }
+
+  absl::StatusOr<Snapshot*> StartSnapshot(absl::Span<const SnapshotItem> items, void* wait,
+                                          void* done) override {
+    std::vector<rvd_snapshot_item> m(items.size());
+    for (size_t i = 0; i < items.size(); ++i) {
+      m[i] = rvd_snapshot_item{ToModuleMatrix(items[i].src, RVD_MEMORY_DEVICE), items[i].dst,
+                               items[i].last};
+    }
+    rvd_status status{};
+    rvd_snapshot* snapshot =
+        live_->snapshot_start(engine_, m.data(), m.size(), wait, done, &status);
+    if (snapshot == nullptr) return Failed(status, "snapshot_start");
+    return reinterpret_cast<Snapshot*>(snapshot);
+  }
+  absl::Status FinishSnapshot(Snapshot* snapshot, absl::Span<double> delta_sq,
+                              absl::Span<double> last_sq, const CallOptions& options) override {
+    const rvd_call call{nullptr, options.cancel};
+    rvd_status status{};
+    live_->snapshot_finish(engine_, reinterpret_cast<rvd_snapshot*>(snapshot), delta_sq.data(),
+                           last_sq.data(), &call, &status);
+    return FromModule(status);
+  }
+
+ private:
+  // A NULL result must carry an error: a module that returned NULL with
+  // status OK is a bug of the module, said as such.
+  static absl::Status Failed(const rvd_status& s, const char* what) {
+    if (s.code != 0) return FromModule(s);
+    return absl::InternalError(absl::StrCat("the CUDA module's ", what,
+                                            " returned nothing and no error"));
+  }
+
+  const rvd_cuda_live* const live_;
+  rvd_cuda_engine* const engine_;
+};
+
 // rvd::Engine over the module's C table (kernels/cuda_module.h).
 class ModuleEngine : public Engine {
  public:
   ModuleEngine(const rvd_cuda_module* module, rvd_cuda_engine* engine)
-      : module_(module), engine_(engine), version_(module->version(engine)) {}
+      : module_(module), engine_(engine), version_(module->version(engine)) {
+    if (module->live != nullptr) live_ = std::make_unique<ModuleLive>(module->live, engine);
+  }
   ~ModuleEngine() override { module_->destroy(engine_); }
+
+  LiveDevice* Live() override { return live_.get(); }
 
   std::string Backend() const override { return "cuda"; }
   std::string Version() const override { return version_; }
@@ -89,8 +190,7 @@ class ModuleEngine : public Engine {
     std::vector<rvd_matrix> m(batch.size());
     for (size_t i = 0; i < batch.size(); ++i) {
       const MatrixView& v = batch[i];
-      m[i] = rvd_matrix{v.data, v.rows, v.cols, v.ld, static_cast<int32_t>(v.dtype),
-                        memory, v.block_rows, v.block_stride};
+      m[i] = ToModuleMatrix(v, memory);
     }
     const rvd_variant spec{variant.name.c_str(), variant.probes, variant.sketch_rank,
                            variant.seed, variant.hutch_plus_plus ? 1 : 0};
@@ -140,6 +240,7 @@ class ModuleEngine : public Engine {
   const rvd_cuda_module* const module_;
   rvd_cuda_engine* const engine_;
   const std::string version_;
+  std::unique_ptr<ModuleLive> live_;  // null: the module has no live table
 };
 
 absl::StatusOr<std::unique_ptr<Engine>> LoadFromDirs(const CudaEngineOptions& options) {

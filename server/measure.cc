@@ -18,6 +18,30 @@ using rvd::v1::MeasureHeader;
 using rvd::v1::Measurement;
 using rvd::v1::TensorSpec;
 
+absl::Status WithTensor(const TensorSpec& spec, const absl::Status& s) {
+  return absl::Status(
+      s.code(), absl::StrCat("tensor '", spec.name(), "' (layer ", spec.layer(),
+                             "): ", s.message()));
+}
+
+bool IsSet(const std::atomic<bool>* cancel) {
+  return cancel != nullptr && cancel->load();
+}
+
+absl::Status Cancelled() {
+  return absl::CancelledError(
+      "the request was cancelled (client gone, deadline passed or rvd "
+      "shutting down) during the computation; the result was not recorded");
+}
+
+double GeometricMean(const std::vector<double>& values) {
+  double log_sum = 0;
+  for (double v : values) log_sum += std::log(v);
+  return std::exp(log_sum / values.size());
+}
+
+}  // namespace
+
 absl::StatusOr<DType> ToDType(rvd::v1::DType dtype) {
   switch (dtype) {
     case rvd::v1::DTYPE_F32:
@@ -57,30 +81,6 @@ absl::StatusOr<VLayout> ToVLayout(rvd::v1::VLayout layout) {
   }
   return static_cast<VLayout>(layout);
 }
-
-absl::Status WithTensor(const TensorSpec& spec, const absl::Status& s) {
-  return absl::Status(
-      s.code(), absl::StrCat("tensor '", spec.name(), "' (layer ", spec.layer(),
-                             "): ", s.message()));
-}
-
-bool IsSet(const std::atomic<bool>* cancel) {
-  return cancel != nullptr && cancel->load();
-}
-
-absl::Status Cancelled() {
-  return absl::CancelledError(
-      "the request was cancelled (client gone, deadline passed or rvd "
-      "shutting down) during the computation; the result was not recorded");
-}
-
-double GeometricMean(const std::vector<double>& values) {
-  double log_sum = 0;
-  for (double v : values) log_sum += std::log(v);
-  return std::exp(log_sum / values.size());
-}
-
-}  // namespace
 
 absl::Status ValidateModelId(const std::string& model_id) {
   bool ok = !model_id.empty() && model_id.size() <= 128 &&
@@ -215,6 +215,88 @@ void DefaultLayerSets(const std::vector<uint32_t>& sorted_layers,
   late->assign(sorted_layers.end() - quarter, sorted_layers.end());
 }
 
+VariantSpec ResolveVariant(const MeasureHeader& header,
+                           const std::string& default_variant,
+                           const Engine& engine) {
+  VariantSpec variant;
+  variant.name = header.variant().name();
+  if (variant.name.empty()) variant.name = default_variant;
+  if (variant.name.empty()) variant.name = engine.DefaultVariant();
+  if (header.variant().probes() > 0) variant.probes = header.variant().probes();
+  if (header.variant().sketch_rank() > 0) {
+    variant.sketch_rank = header.variant().sketch_rank();
+  }
+  variant.seed = header.variant().seed();
+  return variant;
+}
+
+Measurement AssembleMeasurement(const MeasureHeader& header,
+                                absl::Span<const double> pr,
+                                absl::Span<const TensorResults> where,
+                                const std::string& variant,
+                                const Engine& engine, double elapsed_ms) {
+  const int n = header.tensors_size();
+  Measurement m;
+  m.set_model_id(header.model_id());
+  m.set_step(header.step());
+  std::map<uint32_t, double> layer_pr;
+  std::vector<int> order(n);
+  for (int i = 0; i < n; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    return header.tensors(a).layer() < header.tensors(b).layer();
+  });
+  for (int i : order) {
+    const TensorSpec& spec = header.tensors(i);
+    rvd::v1::LayerPR* layer = m.add_layers();
+    layer->set_layer(spec.layer());
+    layer->set_tensor_name(spec.name());
+    layer->set_pr(pr[where[i].layer]);
+    layer_pr[spec.layer()] = layer->pr();
+    if (layer->pr() == 0) {
+      m.add_warnings(absl::StrCat("layer ", spec.layer(), " ('", spec.name(),
+                                  "'): V is all zeros, PR reported as 0"));
+    }
+    for (size_t h = 0; h < where[i].heads; ++h) {
+      layer->add_head_pr(pr[where[i].layer + 1 + h]);
+    }
+  }
+
+  std::vector<uint32_t> early(header.early_layers().begin(),
+                              header.early_layers().end());
+  std::vector<uint32_t> late(header.late_layers().begin(),
+                             header.late_layers().end());
+  if (early.empty()) {
+    std::vector<uint32_t> sorted;
+    for (const auto& [layer, unused] : layer_pr) sorted.push_back(layer);
+    DefaultLayerSets(sorted, &early, &late);
+  }
+  std::vector<double> early_pr, late_pr;
+  bool has_zero = false;
+  for (uint32_t l : early) {
+    early_pr.push_back(layer_pr[l]);
+    has_zero |= layer_pr[l] == 0;
+  }
+  for (uint32_t l : late) {
+    late_pr.push_back(layer_pr[l]);
+    has_zero |= layer_pr[l] == 0;
+  }
+  if (has_zero) {
+    m.add_warnings("R_V is absent: an early or late layer has PR 0");
+  } else {
+    m.set_rv(GeometricMean(late_pr) / GeometricMean(early_pr));
+  }
+  for (uint32_t l : early) m.add_early_layers(l);
+  for (uint32_t l : late) m.add_late_layers(l);
+  m.set_variant(variant);
+  m.set_backend(engine.Backend());
+  m.set_engine_version(engine.Version());
+  m.set_elapsed_ms(elapsed_ms);
+  const absl::Time now = absl::Now();
+  m.mutable_timestamp()->set_seconds(absl::ToUnixSeconds(now));
+  m.mutable_timestamp()->set_nanos(absl::ToUnixNanos(now) % 1000000000);
+  return m;
+}
+
 absl::StatusOr<Measurement> ComputeMeasurement(
     Engine& engine, const MeasureHeader& header,
     absl::Span<const std::string_view> data,
@@ -255,15 +337,7 @@ absl::StatusOr<Measurement> ComputeMeasurement(
     }
   }
 
-  VariantSpec variant;
-  variant.name = header.variant().name();
-  if (variant.name.empty()) variant.name = default_variant;
-  if (variant.name.empty()) variant.name = engine.DefaultVariant();
-  if (header.variant().probes() > 0) variant.probes = header.variant().probes();
-  if (header.variant().sketch_rank() > 0) {
-    variant.sketch_rank = header.variant().sketch_rank();
-  }
-  variant.seed = header.variant().seed();
+  const VariantSpec variant = ResolveVariant(header, default_variant, engine);
 
   std::vector<double> pr(views.size());
   const auto start = std::chrono::steady_clock::now();
@@ -286,67 +360,12 @@ absl::StatusOr<Measurement> ComputeMeasurement(
     return s;
   }
 
-  Measurement m;
-  m.set_model_id(header.model_id());
-  m.set_step(header.step());
-  std::map<uint32_t, double> layer_pr;
-  std::vector<int> order(n);
-  for (int i = 0; i < n; ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](int a, int b) {
-    return header.tensors(a).layer() < header.tensors(b).layer();
-  });
-  for (int i : order) {
-    const TensorSpec& spec = header.tensors(i);
-    rvd::v1::LayerPR* layer = m.add_layers();
-    layer->set_layer(spec.layer());
-    layer->set_tensor_name(spec.name());
-    layer->set_pr(pr[view_of_tensor[i]]);
-    layer_pr[spec.layer()] = layer->pr();
-    if (layer->pr() == 0) {
-      m.add_warnings(absl::StrCat("layer ", spec.layer(), " ('", spec.name(),
-                                  "'): V is all zeros, PR reported as 0"));
-    }
-    if (header.per_head()) {
-      for (size_t h = 0; h < slices[i].heads.size(); ++h) {
-        layer->add_head_pr(pr[view_of_tensor[i] + 1 + h]);
-      }
-    }
+  std::vector<TensorResults> where(n);
+  for (int i = 0; i < n; ++i) {
+    where[i] = TensorResults{static_cast<size_t>(view_of_tensor[i]),
+                             header.per_head() ? slices[i].heads.size() : 0};
   }
-
-  std::vector<uint32_t> early(header.early_layers().begin(),
-                              header.early_layers().end());
-  std::vector<uint32_t> late(header.late_layers().begin(),
-                             header.late_layers().end());
-  if (early.empty()) {
-    std::vector<uint32_t> sorted;
-    for (const auto& [layer, unused] : layer_pr) sorted.push_back(layer);
-    DefaultLayerSets(sorted, &early, &late);
-  }
-  std::vector<double> early_pr, late_pr;
-  bool has_zero = false;
-  for (uint32_t l : early) {
-    early_pr.push_back(layer_pr[l]);
-    has_zero |= layer_pr[l] == 0;
-  }
-  for (uint32_t l : late) {
-    late_pr.push_back(layer_pr[l]);
-    has_zero |= layer_pr[l] == 0;
-  }
-  if (has_zero) {
-    m.add_warnings("R_V is absent: an early or late layer has PR 0");
-  } else {
-    m.set_rv(GeometricMean(late_pr) / GeometricMean(early_pr));
-  }
-  for (uint32_t l : early) m.add_early_layers(l);
-  for (uint32_t l : late) m.add_late_layers(l);
-  m.set_variant(variant.name);
-  m.set_backend(engine.Backend());
-  m.set_engine_version(engine.Version());
-  m.set_elapsed_ms(elapsed_ms);
-  const absl::Time now = absl::Now();
-  m.mutable_timestamp()->set_seconds(absl::ToUnixSeconds(now));
-  m.mutable_timestamp()->set_nanos(absl::ToUnixNanos(now) % 1000000000);
-  return m;
+  return AssembleMeasurement(header, pr, where, variant.name, engine, elapsed_ms);
 }
 
 absl::StatusOr<MeasurementLog::Entry> RecordUnlessCancelled(

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/engine.h"
+#include "kernels/v_layout.h"
 #include "rvd/v1/limits.h"
 #include "server/history.h"
 #include "rvd/v1/rvd.pb.h"
@@ -57,6 +58,35 @@ absl::Status ValidateModelId(const std::string& model_id);
 void DefaultLayerSets(const std::vector<uint32_t>& sorted_layers,
                       std::vector<uint32_t>* early,
                       std::vector<uint32_t>* late);
+
+// The proto's dtype and layout as the engine's (INVALID_ARGUMENT for a
+// value neither knows): the one conversion, checked at compile time.
+absl::StatusOr<DType> ToDType(rvd::v1::DType dtype);
+absl::StatusOr<VLayout> ToVLayout(rvd::v1::VLayout layout);
+
+// The variant a request gets: its own, else `default_variant`, else the
+// engine's default; probes, rank and seed from the request when set.
+VariantSpec ResolveVariant(const rvd::v1::MeasureHeader& header,
+                           const std::string& default_variant,
+                           const Engine& engine);
+
+// Where header.tensors(i)'s PRs sit in one engine call's results: the
+// layer's at `layer`, its heads' (per_head) at layer + 1 .. layer + heads.
+struct TensorResults {
+  size_t layer = 0;
+  size_t heads = 0;  // 0 without per_head
+};
+
+// The Measurement of `header` from PRs (`pr` indexed through `where`, one
+// entry per tensor): layers sorted, warnings for all-zero layers, R_V over
+// the request's layer sets (or the default quarters), variant, backend,
+// engine version, elapsed_ms and the timestamp (now). Every path that
+// measures (ComputeMeasurement, live models) assembles through it.
+rvd::v1::Measurement AssembleMeasurement(const rvd::v1::MeasureHeader& header,
+                                         absl::Span<const double> pr,
+                                         absl::Span<const TensorResults> where,
+                                         const std::string& variant,
+                                         const Engine& engine, double elapsed_ms);
 
 // Computes the measurement. `data[i]` holds the bytes of header.tensors[i];
 // the header must have passed ValidateHeader. A request that names no
