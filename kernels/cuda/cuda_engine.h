@@ -83,6 +83,12 @@ class CudaEngine : public Engine {
   // Device bytes rvd holds now (buffers in the pools).
   uint64_t DeviceBytesHeld() const;
 
+  // What the module's live-weights part (live.h) shares with the engine:
+  // its device, its cap on device memory and its counters.
+  int device() const { return options_.device; }
+  MemoryCap& memory_cap() { return *cap_; }
+  EngineCounters& counters() { return *counters_; }
+
   // The fused kernels in service: swap an entry to change what serves
   // (calls already running finish on the kernels they started with).
   KernelRegistry& kernels() { return *kernels_; }

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_engine.h"
+#include "kernels/cuda/live.h"
 #include "kernels/cuda_module.h"
 #include "kernels/engine.h"
 
@@ -26,7 +27,12 @@ struct rvd_cuda_engine {
   std::string version;
   absl::Mutex mu;
   std::string lost ABSL_GUARDED_BY(mu);  // set once, when the device is first seen lost
+  // Live weights (live.h) over the engine's device, cap and counters;
+  // declared last, so destroyed before the engine.
+  std::unique_ptr<rvd::cuda::Live> live;
 };
+
+rvd::cuda::Live* LiveOf(rvd_cuda_engine* engine) { return engine->live.get(); }
 
 namespace {
 
@@ -55,6 +61,8 @@ rvd_cuda_engine* Create(const rvd_cuda_options* o, rvd_status* status) {
   auto* h = new rvd_cuda_engine;
   h->engine = std::move(*e);
   h->version = h->engine->Version();
+  h->live = std::make_unique<rvd::cuda::Live>(h->engine->device(), h->engine->memory_cap(),
+                                              h->engine->counters());
   return h;
 }
 
@@ -132,7 +140,7 @@ void FreeHost(rvd_cuda_engine* h, void* p) { h->engine->FreeHostBuffer(p); }
 constexpr rvd_cuda_module kModule = {
     RVD_CUDA_MODULE_ABI_VERSION, sizeof(rvd_cuda_module), RVD_VERSION, &Create, &Destroy,
     &Version, &Compute, &Stats, &Lost, &AllocHost, &FreeHost,
-    /*live=*/nullptr, /*gram_eigenvalues=*/nullptr};
+    /*live=*/&rvd::cuda::kLiveTable, /*gram_eigenvalues=*/nullptr};
 
 }  // namespace
 
