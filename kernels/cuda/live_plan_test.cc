@@ -156,6 +156,16 @@ TEST(PlanSnapshot, UnalignedBaseTakesElementLoads) {
   absl::StatusOr<SnapshotPlan> plan = PlanSnapshot(items);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->items[0].flags, kSnapshotFlat);
+  // Any of the three addresses off 16 bytes: a 16-byte load of it would
+  // fault (misaligned address, a sticky error).
+  items[0] = Item(0x100000, 64, 64, 64, RVD_DTYPE_F16, 0x8000000, 0x9000002);
+  plan = PlanSnapshot(items);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->items[0].flags, kSnapshotFlat);
+  items[0] = Item(0x100000, 64, 64, 64, RVD_DTYPE_F16, 0x8000008, 0x9000000);
+  plan = PlanSnapshot(items);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->items[0].flags, kSnapshotFlat);
 }
 
 TEST(PlanSnapshot, StridedAndBlockedAreRows) {
