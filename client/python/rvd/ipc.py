@@ -64,6 +64,8 @@ _E_HANDLE_BYTES = (4, 64)
 NOTIFY_TIMEOUT_S = 10.0
 # UnregisterLiveModel at close (seconds): rvd may be gone already.
 UNREGISTER_TIMEOUT_S = 2.0
+# LiveLink.answers and .notified_at keep about this many steps.
+ANSWERS_KEPT = 4096
 
 
 class IpcUnsupported(TransportUnavailable):
@@ -236,6 +238,8 @@ class LiveLink:
         # on_response(step, NotifyStepResponse), on gRPC's thread when the
         # answer arrives (or on the caller's, when it came already).
         self.on_response: Optional[Callable] = None
+        # step -> (snapshot, reason) of the newest ANSWERS_KEPT answers
+        self.answers: Dict[int, tuple] = {}
 
     # ---- registration -----------------------------------------------------
 
@@ -296,6 +300,7 @@ class LiveLink:
                                         producer_event_handle=self._ep_handle,
                                         force=force)
         self.notified_at[int(step)] = (time.monotonic(), time.time())
+        self.notified_at = _newest(self.notified_at)  # none measured for long
         self.last_notified = int(step)
         stub = self.client._stub
         timeout = min(self.timeout or NOTIFY_TIMEOUT_S, NOTIFY_TIMEOUT_S)
@@ -306,10 +311,13 @@ class LiveLink:
             self.before_update()
 
     def _answered(self, step, future):
-        if self.on_response is None or future.cancelled() or \
-                future.exception() is not None:
+        if future.cancelled() or future.exception() is not None:
             return
-        self.on_response(step, future.result())
+        r = future.result()
+        self.answers[step] = (r.snapshot, r.reason)
+        self.answers = _newest(self.answers)
+        if self.on_response is not None:
+            self.on_response(step, r)
 
     def settle(self):
         """Takes the answer of the notification in flight, if any."""
@@ -453,6 +461,15 @@ class MeasurementWatch:
                 self._watch.cancel()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
+
+
+def _newest(steps):
+    """A {step: ...} map, its newest ANSWERS_KEPT entries only once it has
+    twice as many (amortized: one sort per ANSWERS_KEPT insertions)."""
+    if len(steps) <= 2 * ANSWERS_KEPT:
+        return steps
+    keep = sorted(steps)[-ANSWERS_KEPT:]
+    return {k: steps[k] for k in keep}
 
 
 def _weak(fn):

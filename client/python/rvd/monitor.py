@@ -63,7 +63,8 @@ ordering that keeps every snapshot consistent) and then only notifies steps:
              current stream wait on rvd's before it returns (every later
              kernel waits for rvd's copy, about 0.2 ms for a 7B V set, not
              only the next update), which takes the notification's answer on
-             the CPU (rvd answers once its copy is enqueued).
+             the CPU (rvd answers once its copy is enqueued). Weights
+             written outside the optimizer: wait_for_snapshot() first.
   rvd restarts  a notification answered NOT_FOUND registers again; UNAVAILABLE
              registers again once rvd answers (1 s, doubling to 30 s),
              following on_error.
@@ -85,6 +86,7 @@ import json
 import logging
 import os
 import re
+import sys
 import threading
 import time
 import weakref
@@ -357,6 +359,14 @@ class RVMonitor:
             log.warning("rvd: %s; step() waits on rvd's event itself", e)
             self._optimizer = None
 
+    def wait_for_snapshot(self):
+        """ipc: makes the current stream wait until rvd has copied the last
+        notified step (the pre-step hook's work), so that weights written
+        outside the optimizer after step() cannot reach that snapshot. The
+        CPU waits only for rvd's answer to the notification. Nothing to do
+        with the copy transport."""
+        self._before_update()
+
     def measure_now(self) -> Optional[float]:
         """Measures now, whatever the policy, the weights as they are (by
         copy, whatever the transport); returns R_V (None when the
@@ -626,9 +636,12 @@ class RVMonitor:
                                self.late_layers, self.per_head)
         mode = (rvd_pb2.TriggerPolicy.MODE_INFERENCE if self._mode == "inference"
                 else rvd_pb2.TriggerPolicy.MODE_TRAINING)
+        # rvd reads a threshold of 0 as its default (0.01); ours means "any
+        # change", which the smallest positive double says.
         policy = rvd_pb2.TriggerPolicy(
             mode=mode, measurement_interval=self.measurement_interval,
-            adaptive=self.adaptive, delta_threshold=self.delta_threshold)
+            adaptive=self.adaptive,
+            delta_threshold=self.delta_threshold or sys.float_info.min)
         request = rvd_pb2.RegisterLiveModelRequest(
             header=header, tensors=tensors,
             device_uuid=ipc.device_uuid(torch.cuda.get_device_properties(device)),

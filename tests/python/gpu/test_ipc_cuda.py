@@ -89,6 +89,8 @@ def train(model, mon, opt, steps, lr_of, write_after_notify=False, policy=None,
             opt.step()  # writes the weights at once: the pre-step hook orders it
         if policy is not None:
             got = checker.wait_for_step(n, 5.0 if expected or border else 0.05)
+            assert mon._link.answers.get(n, (None, ""))[1] != "busy", \
+                f"rvd answered busy at step {n} (its measurements fell behind)"
             if got:
                 policy.measured(n, checker.kept[n])
             decisions.append((n, expected, border, got, delta))
