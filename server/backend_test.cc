@@ -85,6 +85,21 @@ TEST(CudaModule, CallsCarryBlockingEventAndCancellationAcrossTheTable) {
                   .ok());
 }
 
+// A module whose table has no gram_eigenvalues (ABI 4 allows NULL):
+// ModuleEngine answers UNIMPLEMENTED without calling into it.
+TEST(CudaModule, NullGramEigenvaluesIsUnimplemented) {
+  CudaEngineOptions o;
+  o.device = 7;  // the fake's echo engine
+  absl::StatusOr<std::unique_ptr<Engine>> e = LoadCudaModule(Fake("libfake_cuda_abi_ok.so"), o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  const float w[6] = {1, 2, 3, 4, 5, 6};
+  std::vector<double> out(2);
+  const absl::Status s =
+      (*e)->GramEigenvalues(MatrixView{w, 2, 3, 3, DType::kF32}, absl::MakeSpan(out), {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_THAT(s.message(), HasSubstr("gram_eigenvalues is NULL"));
+}
+
 TEST(CudaModule, MissingFileIsUnavailable) {
   absl::StatusOr<std::unique_ptr<Engine>> e = LoadCudaModule(Fake("absent.so"), {});
   ASSERT_FALSE(e.ok());

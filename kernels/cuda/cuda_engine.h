@@ -72,6 +72,14 @@ class CudaEngine : public Engine {
                                const VariantSpec& variant, absl::Span<double> out,
                                void* ready, const CallOptions& call) override;
 
+  // The Gram eigenvalues (engine.h) of a host matrix, and of one in either
+  // memory: device_memory, the engine's work waits for `ready` (a
+  // cudaEvent_t, or nullptr) and reads the matrix in place. gram_eigen.cc.
+  absl::Status GramEigenvalues(const MatrixView& m, absl::Span<double> out,
+                               const CallOptions& call) override;
+  absl::Status GramEigenvaluesOn(const MatrixView& m, bool device_memory, void* ready,
+                                 absl::Span<double> out, const CallOptions& call);
+
   // How many matrices each path ("variant/technique") has served, e.g.
   // {"fused/tma-wgmma-square": 480}. Proves which code path ran.
   EngineStats Stats() const override;
@@ -84,8 +92,9 @@ class CudaEngine : public Engine {
   uint64_t DeviceBytesHeld() const;
 
   // What the module's live-weights part (live.h) shares with the engine:
-  // its device, its cap on device memory and its counters.
+  // its device, SM cap, cap on device memory and counters.
   int device() const { return options_.device; }
+  int max_sms() const { return options_.max_sms; }
   MemoryCap& memory_cap() { return *cap_; }
   EngineCounters& counters() { return *counters_; }
 

@@ -61,8 +61,8 @@ rvd_cuda_engine* Create(const rvd_cuda_options* o, rvd_status* status) {
   auto* h = new rvd_cuda_engine;
   h->engine = std::move(*e);
   h->version = h->engine->Version();
-  h->live = std::make_unique<rvd::cuda::Live>(h->engine->device(), h->engine->memory_cap(),
-                                              h->engine->counters());
+  h->live = std::make_unique<rvd::cuda::Live>(h->engine->device(), h->engine->max_sms(),
+                                              h->engine->memory_cap(), h->engine->counters());
   return h;
 }
 
@@ -137,10 +137,33 @@ const char* Lost(rvd_cuda_engine* h) {
 void* AllocHost(rvd_cuda_engine* h, uint64_t bytes) { return h->engine->AllocateHostBuffer(bytes); }
 void FreeHost(rvd_cuda_engine* h, void* p) { h->engine->FreeHostBuffer(p); }
 
+// The Gram eigenvalues (cuda_module.h, gram_eigen.cc): min(rows, cols)
+// doubles into out.
+int32_t GramEigenvalues(rvd_cuda_engine* h, const rvd_matrix* m, double* out,
+                        const rvd_call* call, rvd_status* status) {
+  if (m == nullptr || out == nullptr || m->dtype < RVD_DTYPE_F32 || m->dtype > RVD_DTYPE_BF16 ||
+      (m->memory != RVD_MEMORY_HOST && m->memory != RVD_MEMORY_DEVICE)) {
+    SetStatus(absl::InvalidArgumentError("gram_eigenvalues: no matrix or output, or a bad dtype "
+                                         "or memory kind"),
+              status);
+    return status->code;
+  }
+  const rvd::MatrixView v{m->data, m->rows, m->cols, m->ld, static_cast<rvd::DType>(m->dtype),
+                          m->block_rows, m->block_stride};
+  rvd::CallOptions options;
+  if (call != nullptr) options.cancel = static_cast<const std::atomic<bool>*>(call->cancel);
+  const int64_t n = std::max<int64_t>(0, std::min(m->rows, m->cols));
+  SetStatus(h->engine->GramEigenvaluesOn(v, m->memory == RVD_MEMORY_DEVICE,
+                                         call != nullptr ? call->ready : nullptr,
+                                         absl::Span<double>(out, static_cast<size_t>(n)), options),
+            status);
+  return status->code;
+}
+
 constexpr rvd_cuda_module kModule = {
     RVD_CUDA_MODULE_ABI_VERSION, sizeof(rvd_cuda_module), RVD_VERSION, &Create, &Destroy,
     &Version, &Compute, &Stats, &Lost, &AllocHost, &FreeHost,
-    /*live=*/&rvd::cuda::kLiveTable, /*gram_eigenvalues=*/nullptr};
+    /*live=*/&rvd::cuda::kLiveTable, /*gram_eigenvalues=*/&GramEigenvalues};
 
 }  // namespace
 
