@@ -18,10 +18,11 @@ AdamW fits), AdamW, synthetic tokens:
            the learning rate is 1e-6 for the first half, --lr after, so both
            triggers fire); after each update the V weights are copied (on
            the trainer's stream: exactly that step's), every recorded
-           measurement is compared with a float64 spectrum of the copy at
+           measurement is compared with the float64 Gram of the copy at
            its step (R_V, every layer's PR, every kv head's PR; <= 1e-5
-           relative), and the history with rvd's trigger policy step for
-           step (tests/python/gpu/live_check.py). Untimed.
+           relative; the oracle itself against float64 svdvals once), and
+           the history with rvd's trigger policy step for step
+           (tests/python/gpu/live_check.py). Untimed.
  latency   the GPU idle, interval 1: notification -> measurement recorded
            (rvd's timestamp minus the notification's wall time, and the
            arrival here), per layer and per head, --latency-n notifications
@@ -200,6 +201,7 @@ def run_check(rvd, args, trainer, address, label):
         "threshold": args.threshold, "measurements": len(history),
         "triggers": triggers, "worst_rel_error": checker.worst,
         "exact": not checker.failures and checker.worst <= 1e-5,
+        "oracle_vs_svd": checker.oracle_vs_svd,
         "failures": [list(map(str, f)) for f in checker.failures[:10]],
         "policy_ok": not wrong and [r.step for r in history] == measured
         and served == measured,

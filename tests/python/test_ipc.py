@@ -589,6 +589,7 @@ def test_gpu_harness_on_cpu(monkeypatch, stale):
         return
     assert not checker.failures, checker.failures[:5]
     assert checker.worst <= 1e-9 and checker.checked == len(mon.history)
+    assert checker.oracle_vs_svd is not None and checker.oracle_vs_svd < 1e-10
     assert not [d for d in decisions if d[1] != d[3] and not d[2]], decisions
     measured = [d[0] for d in decisions if d[3]]
     assert [r.step for r in mon.history] == measured

@@ -1,12 +1,14 @@
 """Checking a live (ipc) RVMonitor on the GPU host, shared by the GPU tests
 (tests/python/gpu/test_ipc_cuda.py) and bench/live_train.py.
 
-The oracle: PR from the float64 spectrum of each V block (eigenvalues of the
-float64 Gram of the smaller side, the squared singular values s_i^2),
-PR = (sum s_i^2)^2 / sum s_i^4, computed on the GPU from copies of the V
-weights the trainer keeps at each notified step (clones ordered on its
-stream after the update: exactly that step's weights). pr64_svd is the same
-from torch.linalg.svdvals in float64, to check the oracle itself.
+The oracle: PR = (sum s_i^2)^2 / sum s_i^4 from the float64 Gram G = W W^T
+of each V block (sum s_i^2 = tr G, sum s_i^4 = ||G||_F^2: the squared
+singular values' sums, without an eigensolver), computed on the GPU from
+copies of the V weights the trainer keeps at each notified step (clones
+ordered on its stream after the update: exactly that step's weights); a
+kv head's G is the diagonal block of its rows. LiveChecker also checks the
+oracle itself once against torch.linalg.svdvals in float64 (pr64_svd) for
+every layer of the first measurement it sees.
 
 The policy (rvd.proto TriggerPolicy, training mode): the first notified
 step is measured; then a step is measured when it is measurement_interval
@@ -24,16 +26,18 @@ def rel(a, b):
     return abs(a - b) / abs(b) if b else abs(a - b)
 
 
-def _s2(x):
+def _gram(x):
     x = x.detach().to(torch.float64)
-    g = x @ x.T if x.shape[0] <= x.shape[1] else x.T @ x
-    return torch.linalg.eigvalsh(g).clamp_min(0)
+    return x @ x.T if x.shape[0] <= x.shape[1] else x.T @ x
+
+
+def _pr_of_gram(g):
+    return float(torch.trace(g) ** 2 / (g * g).sum())
 
 
 def pr64(w):
-    """PR of a 2-D weight from its float64 spectrum."""
-    s2 = _s2(w)
-    return float(s2.sum() ** 2 / (s2 * s2).sum())
+    """PR of a 2-D weight from its float64 Gram."""
+    return _pr_of_gram(_gram(w))
 
 
 def pr64_svd(w):
@@ -44,8 +48,19 @@ def pr64_svd(w):
 
 def head_pr64(w, head_dim):
     """PR of each kv head (rows [h*d, (h+1)*d)) of a separate v_proj."""
-    return [pr64(w[h * head_dim:(h + 1) * head_dim])
-            for h in range(w.shape[0] // head_dim)]
+    return layer_and_heads_pr64(w, head_dim)[1]
+
+
+def layer_and_heads_pr64(w, head_dim):
+    """(PR of w, [PR of each kv head]) from one float64 Gram when w is wide
+    (its heads' Grams are G's diagonal blocks), else Gram by Gram."""
+    heads = w.shape[0] // head_dim if head_dim else 0
+    if w.shape[0] <= w.shape[1]:
+        g = _gram(w)
+        return _pr_of_gram(g), [
+            _pr_of_gram(g[h * head_dim:(h + 1) * head_dim, h * head_dim:(h + 1) * head_dim])
+            for h in range(heads)]
+    return pr64(w), [pr64(w[h * head_dim:(h + 1) * head_dim]) for h in range(heads)]
 
 
 def geomean(xs):
@@ -71,6 +86,7 @@ class LiveChecker:
         self.worst = 0.0        # largest relative error seen (PR, head PR, R_V)
         self.failures = []      # (step, what, got, want)
         self.steps = []         # steps of the entries checked, in order
+        self.oracle_vs_svd = None  # the oracle against svdvals, once
 
     @torch.no_grad()
     def keep(self, step):
@@ -92,13 +108,19 @@ class LiveChecker:
             if kept is None:
                 self.failures.append((r.step, "no weights kept", None, None))
                 continue
-            want = {l: pr64(w) for l, w in kept.items()}
+            both = {l: layer_and_heads_pr64(w, self.head_dim) for l, w in kept.items()}
+            want = {l: v[0] for l, v in both.items()}
+            if self.oracle_vs_svd is None:
+                self.oracle_vs_svd = max(rel(want[l], pr64_svd(w)) for l, w in kept.items())
+                if self.oracle_vs_svd > 1e-9:
+                    self.failures.append((r.step, "oracle vs svdvals",
+                                          self.oracle_vs_svd, 0.0))
             for l, w in kept.items():
                 self._cmp(r.step, f"layer {l}", r.per_layer_pr.get(l, float("nan")),
                           want[l], tol)
                 if self.head_dim:
                     heads = r.per_head_pr.get(l, [])
-                    wh = head_pr64(w, self.head_dim)
+                    wh = both[l][1]
                     if len(heads) != len(wh):
                         self.failures.append((r.step, f"layer {l} heads", heads, wh))
                     for h, (a, b) in enumerate(zip(heads, wh)):
