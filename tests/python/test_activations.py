@@ -192,3 +192,24 @@ def test_large_passes_go_in_several_calls(daemon, seed):
     assert all((s.tokens, s.features) == (2048, 1024) for s in stats)
     assert all(500 < s.effective_rank < 1024 for s in stats)
     mon.remove()
+
+
+def test_requests_are_logged_and_counted(daemon, seed):
+    import urllib.request
+
+    model = models.LlamaForCausalLM(layers=2)
+    mon = rvd.VActivationMonitor(model, [0, 1], address=daemon.grpc_address,
+                                 model_id="act-metrics", on_error="raise")
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        model(torch.randn(2, 6, 64, generator=gen))
+    assert len(mon.activation_stats) == 2
+    mon.remove()
+    assert "activations model=act-metrics step=1 tensors=2 bytes=3072 backend=cpu" in \
+        daemon.log_text()
+    text = urllib.request.urlopen(f"http://{daemon.metrics_address}/metrics",
+                                  timeout=5).read().decode()
+    calls = [l for l in text.splitlines()
+             if l.startswith("rvd_request_duration_seconds_count{")
+             and "MeasureActivations" in l and 'code="OK"' in l]
+    assert calls and float(calls[0].split()[-1]) >= 1, calls
