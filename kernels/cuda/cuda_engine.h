@@ -92,8 +92,9 @@ class CudaEngine : public Engine {
   uint64_t DeviceBytesHeld() const;
 
   // What the module's live-weights part (live.h) shares with the engine:
-  // its device, its cap on device memory and its counters.
+  // its device, SM cap, cap on device memory and counters.
   int device() const { return options_.device; }
+  int max_sms() const { return options_.max_sms; }
   MemoryCap& memory_cap() { return *cap_; }
   EngineCounters& counters() { return *counters_; }
 

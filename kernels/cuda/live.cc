@@ -133,8 +133,8 @@ absl::Status PidfdError(int err, const char* call, int32_t pid, uint64_t page, i
 
 }  // namespace
 
-Live::Live(int device, MemoryCap& cap, EngineCounters& counters)
-    : device_(device), cap_(cap), counters_(counters) {}
+Live::Live(int device, int max_sms, MemoryCap& cap, EngineCounters& counters)
+    : device_(device), max_sms_(max_sms), cap_(cap), counters_(counters) {}
 
 Live::~Live() {
   cudaSetDevice(device_);
@@ -539,7 +539,7 @@ absl::StatusOr<rvd_snapshot*> Live::StartSnapshot(absl::Span<const rvd_snapshot_
     // The descriptors' upload does not wait for the producer; the copy does.
     if (wait != nullptr) RVD_LIVE_RETURN_IF_ERROR(cudaStreamWaitEvent(slot->stream, wait, 0));
     RVD_LIVE_RETURN_IF_ERROR(
-        LaunchSnapshotCopy(dev_items, count, plan->tiles, dev_partials, slot->stream));
+        LaunchSnapshotCopy(dev_items, count, plan->tiles, dev_partials, max_sms_, slot->stream));
     // The producer may write its weights again once the copy is done; the
     // sums need nothing of the source.
     if (done != nullptr) RVD_LIVE_RETURN_IF_ERROR(cudaEventRecord(done, slot->stream));

@@ -64,8 +64,10 @@ inline constexpr size_t kMaxSnapshotSlots = 64;
 
 class Live {
  public:
-  // `cap` and `counters` are the engine's and outlive this object.
-  Live(int device, MemoryCap& cap, EngineCounters& counters);
+  // `cap` and `counters` are the engine's and outlive this object;
+  // max_sms is the engine's SM cap (0: every SM), which the snapshot's copy
+  // keeps to as the fused kernels do (its grid, fused_plan.h ProductGrid).
+  Live(int device, int max_sms, MemoryCap& cap, EngineCounters& counters);
   // Releases whatever the caller left open (segments, events, buffers) and
   // the slots' streams, synchronizing them first.
   ~Live();
@@ -104,6 +106,7 @@ class Live {
   void ReleaseSlot(rvd_snapshot* slot);
 
   const int device_;
+  const int max_sms_;
   MemoryCap& cap_;
   EngineCounters& counters_;
 

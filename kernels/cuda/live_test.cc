@@ -709,6 +709,21 @@ TEST_F(LiveTest, CudaMallocSegmentsSnapshotWithDeltas) { SnapshotsWithDeltas('c'
 
 TEST_F(LiveTest, ExpandableSegmentsSnapshotWithDeltas) { SnapshotsWithDeltas('e'); }
 
+// Under the SM cap the copy's 2 blocks take every tile in turn (the grid-
+// stride path): the same bytes and sums.
+TEST_F(LiveTest, SmCapGivesTheSameSnapshots) {
+  module_->destroy(engine_);
+  rvd_cuda_options o{};
+  o.device = 0;
+  o.streams = 2;
+  o.max_device_bytes = 2ull << 30;
+  o.max_sms = 2;
+  rvd_status st{};
+  engine_ = module_->create(&o, &st);
+  ASSERT_NE(engine_, nullptr) << StatusText(st);
+  SnapshotsWithDeltas('c');
+}
+
 // The snapshot waits on the producer's event: a slow update (its copy 300
 // ms behind a spin) is seen whole. Mutant: the wait skipped, the snapshot
 // reads the old weights, and the same check catches it.

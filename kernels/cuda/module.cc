@@ -61,8 +61,8 @@ rvd_cuda_engine* Create(const rvd_cuda_options* o, rvd_status* status) {
   auto* h = new rvd_cuda_engine;
   h->engine = std::move(*e);
   h->version = h->engine->Version();
-  h->live = std::make_unique<rvd::cuda::Live>(h->engine->device(), h->engine->memory_cap(),
-                                              h->engine->counters());
+  h->live = std::make_unique<rvd::cuda::Live>(h->engine->device(), h->engine->max_sms(),
+                                              h->engine->memory_cap(), h->engine->counters());
   return h;
 }
 

@@ -245,10 +245,13 @@ __global__ void SnapshotSumKernel(const SnapshotDesc* __restrict__ items, int n,
 }  // namespace
 
 cudaError_t LaunchSnapshotCopy(const SnapshotDesc* items, int n, int64_t tiles,
-                               double* partials, cudaStream_t stream) {
+                               double* partials, int max_sms, cudaStream_t stream) {
   if (n <= 0 || tiles <= 0) return cudaSuccess;
-  // A block per tile up to 2^20 blocks; beyond, blocks take several tiles.
-  const int64_t grid = tiles < (int64_t{1} << 20) ? tiles : (int64_t{1} << 20);
+  // A block per tile up to 2^20 blocks (or the SM cap); beyond, blocks
+  // take several tiles. A tile's partials do not depend on which block
+  // computed it.
+  const int64_t limit = max_sms > 0 ? max_sms : (int64_t{1} << 20);
+  const int64_t grid = tiles < limit ? tiles : limit;
   SnapshotCopyKernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(items, n, tiles,
                                                                             partials);
   return cudaGetLastError();

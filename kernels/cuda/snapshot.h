@@ -81,8 +81,10 @@ absl::StatusOr<SnapshotPlan> PlanSnapshot(absl::Span<const rvd_snapshot_item> it
 // Queues the copy of a plan on `stream`: items[0..n) (device copies of
 // plan.items), tiles as in the plan; writes partials[2 * t], [2 * t + 1] =
 // the tile's ||src - last||^2 and ||last||^2 (0 for items without last).
+// max_sms > 0: at most that many blocks (taking the tiles round-robin), so
+// the copy occupies at most max_sms SMs; the sums are the same either way.
 cudaError_t LaunchSnapshotCopy(const SnapshotDesc* items, int n, int64_t tiles,
-                               double* partials, cudaStream_t stream);
+                               double* partials, int max_sms, cudaStream_t stream);
 // Queues the sums: sums[2 * i], [2 * i + 1] = item i's tiles' partials,
 // added in tile order.
 cudaError_t LaunchSnapshotSums(const SnapshotDesc* items, int n, const double* partials,
