@@ -29,9 +29,11 @@ struct rvd_ipc_segment {
   int32_t kind = RVD_IPC_CUDA_MALLOC;
   void* base = nullptr;  // what the caller reads from
   uint64_t bytes = 0;    // how much of it
-  // RVD_IPC_EXPANDABLE: the reserved range the pages are mapped into.
+  // RVD_IPC_EXPANDABLE: the reserved range the pages are mapped into, one
+  // mapping per page (unmapped one by one: cuMemUnmap takes whole mappings).
   CUdeviceptr va = 0;
   uint64_t va_bytes = 0;
+  uint64_t page_bytes = 0;
 };
 
 // A snapshot slot: what one snapshot in flight uses, kept for the next.
@@ -313,7 +315,9 @@ absl::StatusOr<Live::Mapping> Live::OpenExpandable(const rvd_ipc_segment_desc& d
                          absl::StatusCode::kResourceExhausted);
   uint64_t mapped = 0;  // pages mapped so far
   auto unmap = absl::MakeCleanup([&] {
-    if (mapped > 0) api.cuMemUnmap(va, mapped * share->segment_size);
+    for (uint64_t i = 0; i < mapped; ++i) {
+      api.cuMemUnmap(va + i * share->segment_size, share->segment_size);
+    }
     api.cuMemAddressFree(va, total);
   });
   for (; mapped < share->pages; ++mapped) {
@@ -337,6 +341,7 @@ absl::StatusOr<Live::Mapping> Live::OpenExpandable(const rvd_ipc_segment_desc& d
   s->bytes = total;
   s->va = va;
   s->va_bytes = total;
+  s->page_bytes = share->segment_size;
   absl::MutexLock lock(&mu_);
   segments_.insert(s);
   return Mapping{s, s->base, total};
@@ -354,9 +359,11 @@ void Live::CloseSegment(rvd_ipc_segment* s) {
         .IgnoreError();  // counted; nothing else to do
   } else if (absl::StatusOr<const DriverApi*> api = GetDriverApi(); api.ok()) {
     const DriverApi& d = **api;
-    if (CUresult r = d.cuMemUnmap(s->va, s->va_bytes); r != CUDA_SUCCESS) {
-      DriverStatus(d, r, "cuMemUnmap", __FILE__, __LINE__, absl::StatusCode::kInternal)
-          .IgnoreError();
+    for (uint64_t off = 0; off < s->va_bytes; off += s->page_bytes) {
+      if (CUresult r = d.cuMemUnmap(s->va + off, s->page_bytes); r != CUDA_SUCCESS) {
+        DriverStatus(d, r, "cuMemUnmap", __FILE__, __LINE__, absl::StatusCode::kInternal)
+            .IgnoreError();
+      }
     }
     if (CUresult r = d.cuMemAddressFree(s->va, s->va_bytes); r != CUDA_SUCCESS) {
       DriverStatus(d, r, "cuMemAddressFree", __FILE__, __LINE__, absl::StatusCode::kInternal)
