@@ -32,7 +32,7 @@
 // spectrum families: mean and p95 relative error vs the oracle.
 //
 //   build/bin/rvd_bench_gpu [--json PATH] [--reps N] [--quick] [--probe] [--ab] [--ncu]
-//                           [--sustain]
+//                           [--sustain] [--max-sms N] [--case BATCHxROWSxCOLS:DTYPE ...]
 // (--probe: the v3 kernel alone with parts left out or K split across
 // blocks, to place its time; see Probe below. --ab: the wide kernels v3
 // and v4, and v4's probes, from this one binary: accuracy per dtype and
@@ -178,6 +178,20 @@ int Build(const Case& c, std::mt19937_64& rng, Inputs* in, bool oracle = true) {
 // cuda_max_sms does (0: every SM), to measure what the cap costs.
 int g_max_sms = 0;
 
+// --case BATCHxROWSxCOLS:DTYPE (repeatable, e.g. 32x1024x4096:f32): only
+// those cases, in every mode (the main tables, --ab, --sustain); none
+// given: every case.
+std::vector<std::string> g_cases;
+
+std::string CaseName(const Case& c) {
+  return absl::StrCat(c.batch, "x", c.rows, "x", c.cols, ":", DTypeName(c.dtype));
+}
+
+bool Selected(const Case& c) {
+  return g_cases.empty() ||
+         std::find(g_cases.begin(), g_cases.end(), CaseName(c)) != g_cases.end();
+}
+
 // The product's fused kernels on this device (the engine's registry as
 // created).
 const KernelTable& ProductKernels() {
@@ -204,6 +218,7 @@ struct FusedPrepared {
   int num_jobs = 0, m = 0;
   bool offdiag = false;
   bool finished = false;  // the kernel writes every PR (FusedV4FinishesMatrix)
+  bool pairs = false;     // v4's paired tiles (FusedV4Pairs: f32 of Gram side > 128)
   DType dtype = DType::kF32;
   // v4: the engine's schedule (PlanFusedV4), its workspace, and the same
   // jobs uncut (the "-whole" contenders).
@@ -224,8 +239,13 @@ struct FusedPrepared {
   }
 
   FusedV4Launch V4Launch(bool whole = false) const {
-    return FusedV4Launch{maps, desc, jobs2, whole ? whole_plan : plan, partials, tickets,
-                         kernel == FusedKernel::kV4Triangle, g2, tr, mx, pr, st};
+    return FusedV4Launch{maps,    desc,
+                         jobs2,   whole ? whole_plan : plan,
+                         partials, tickets,
+                         kernel == FusedKernel::kV4Triangle, pairs,
+                         g2,      tr,
+                         mx,      pr,
+                         st};
   }
 };
 
@@ -249,6 +269,7 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
                                  views[0].cols, descs[0].aligned != 0);
   f->kernel = kernel;
   f->finished = FusedV4FinishesMatrix(kernel, descs[0].n);
+  f->pairs = FusedV4Pairs(kernel, views[0].dtype, descs[0].n);
   std::vector<FusedJob> jobs;
   std::vector<FusedJobV2> jobs2;
   std::vector<int32_t> jb;
@@ -505,6 +526,13 @@ bool Applies(const Contender& v, DType dt, int64_t rows, int64_t cols) {
     return false;
   }
   if (v.v4_mode == fused_v4::kProbeChain1 && f32) return false;
+  // f32 of Gram side > 128 (paired tiles): the live kernel only (no probe
+  // instances; "v4-prev" from before the paired tiles would run v4's
+  // diagonal-only f32 code on them).
+  if (f32 && std::min(rows, cols) > kFusedPolicyV4Sm90.block_tile &&
+      (v.v4_mode != fused_v4::kLive || v.prev)) {
+    return false;
+  }
   // "v4-tri" where the engine would run it; the others (v4's square kernel)
   // wherever v4 would run, the triangle's matrices included.
   const FusedKernel chosen = ChooseFusedKernel(9, 0, dt, rows, cols, /*aligned=*/true);
@@ -592,7 +620,8 @@ int AB(cudaStream_t stream, int reps, bool profile, nlohmann::json* out) {
                                    {480, 128, 4096, DType::kBF16, "ab"},
                                    {480, 128, 4096, DType::kF16, "ab"},
                                    {256, 128, 4096, DType::kBF16, "ab"},
-                                   {32, 1024, 4096, DType::kBF16, "ab"}};
+                                   {32, 1024, 4096, DType::kBF16, "ab"},
+                                   {32, 1024, 4096, DType::kF32, "ab"}};
   constexpr int kRounds = 4;
   nlohmann::json rows = nlohmann::json::array();
   std::printf("\nab timing: kernel + finalize, median of %d rounds (each a queued median of %d"
@@ -601,6 +630,7 @@ int AB(cudaStream_t stream, int reps, bool profile, nlohmann::json* out) {
   for (const Contender& v : kContenders) std::printf(" %20s", v.name);
   std::printf("\n");
   for (const Case& c : cases) {
+    if (!Selected(c)) continue;
     Inputs in;
     if (Build(c, rng, &in, /*oracle=*/false) != 0) return 1;
     std::vector<std::vector<FusedPrepared>> prep(kV);
@@ -790,7 +820,12 @@ int Sustain(cudaStream_t stream, nlohmann::json* out) {
       {{528, 128, 4096, DType::kF32, "sustain"}, {"v4"}},
       {{480, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri"}},
       {{256, 128, 4096, DType::kBF16, "sustain"}, {"v4-tri"}},
-      {{32, 1024, 4096, DType::kBF16, "sustain"}, {"v4", "v4-prev", "v4", "v4-prev"}}};
+      {{32, 1024, 4096, DType::kBF16, "sustain"}, {"v4", "v4-prev", "v4", "v4-prev"}},
+      // f32 Grams of side > 128: v4's paired tiles against v3's 3xTF32
+      // (what served them before), and the Llama-2-7B V set without GQA.
+      {{32, 1024, 4096, DType::kF32, "sustain"}, {"v4", "v3", "v4", "v3"}},
+      {{32, 4096, 4096, DType::kF32, "sustain"}, {"v4", "v3", "v4", "v3"}},
+      {{32, 4096, 4096, DType::kBF16, "sustain"}, {"v4", "v3"}}};
   // Without scripts/v4_prev.sh's copy, "v4-prev" is the live kernel again.
   const bool have_prev = std::any_of(std::begin(kContenders), std::end(kContenders),
                                      [](const Contender& k) { return k.prev; });
@@ -804,6 +839,7 @@ int Sustain(cudaStream_t stream, nlohmann::json* out) {
               "case", "kernel", "queued", "synced", "spaced");
   for (const Run& run : runs) {
     const Case& c = run.c;
+    if (!Selected(c)) continue;
     Inputs in;
     if (Build(c, rng, &in, /*oracle=*/false) != 0) return 1;
     const std::string label = absl::StrCat(c.batch, " x ", c.rows, "x", c.cols, " ",
@@ -880,10 +916,11 @@ int Main(int argc, char** argv) {
     else if (a == "--ncu") ab = ncu = true;
     else if (a == "--sustain") sustain = true;
     else if (a == "--max-sms" && i + 1 < argc) g_max_sms = std::atoi(argv[++i]);
+    else if (a == "--case" && i + 1 < argc) g_cases.push_back(argv[++i]);
     else {
       std::fprintf(stderr,
                    "usage: %s [--json PATH] [--reps N] [--quick] [--probe] [--ab] [--ncu] [--sustain] "
-                   "[--max-sms N]\n",
+                   "[--max-sms N] [--case BATCHxROWSxCOLS:DTYPE ...]\n",
                    argv[0]);
       return 2;
     }
@@ -954,14 +991,20 @@ int Main(int argc, char** argv) {
   std::vector<Case> cases = {
       {480, 128, 4096, DType::kF32, "issue", 0.30},  {480, 128, 4096, DType::kBF16, "issue", 0.14},
       {256, 128, 4096, DType::kBF16, "issue", 0.085}, {32, 1024, 4096, DType::kBF16, "issue", 0.25},
-      {480, 128, 4096, DType::kF16, "dtype"},  {32, 1024, 4096, DType::kF32, "dtype"},
+      // f32 weights (issue 15: 6.2 ms on v3 before v4's paired tiles).
+      {32, 1024, 4096, DType::kF32, "issue", 0.8},
+      {480, 128, 4096, DType::kF16, "dtype"},
+      // A Llama-2-7B V set without GQA (32 layers of 4096 x 4096).
+      {32, 4096, 4096, DType::kBF16, "mha7b"}, {32, 4096, 4096, DType::kF32, "mha7b"},
       {480, 4096, 128, DType::kBF16, "tall"},
   };
-  // --quick: the four target cases and the tall (v1) case only.
-  if (quick) cases.erase(cases.begin() + 4, cases.begin() + 6);
+  // --quick: the five target cases and the tall (v1) case only.
+  if (quick) cases.erase(cases.begin() + 5, cases.begin() + 8);
   for (int64_t b : {1, 4, 16, 64, 256, 1024}) {
     if (!quick) cases.push_back({b, 128, 4096, DType::kBF16, "scaling"});
   }
+  cases.erase(std::remove_if(cases.begin(), cases.end(), [](const Case& c) { return !Selected(c); }),
+              cases.end());
   std::mt19937_64 rng(20261129);
 
   // 2. Build every case's inputs, and validate every exact variant on every

@@ -201,14 +201,14 @@ TEST_F(CudaEngineTest, ExactVariantsMatchOracle) {
   std::map<std::string, int64_t> expected;
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (const Shape& sh : kShapes) {
-      // (v4 takes f32 only for Grams of side <= 128; 16-bit Grams of side
-      // <= 128 go to its triangle.)
+      // (16-bit Grams of side <= 128 go to v4's triangle; f32 of any side
+      // to its square, of side > 128 as paired tiles: fused/tma-wgmma-square,
+      // not v3's fused/mma-sync-3xtf32-wide.)
       FusedKernel k = FusedKernel::kV3;
       if (sh.rows > sh.cols) {
         k = FusedKernel::kV1Tall;
       } else if (V4Runs()) {
-        k = sh.rows <= 128 ? (dt == DType::kF32 ? FusedKernel::kV4 : FusedKernel::kV4Triangle)
-                           : (dt == DType::kF32 ? FusedKernel::kV3 : FusedKernel::kV4);
+        k = sh.rows <= 128 && dt != DType::kF32 ? FusedKernel::kV4Triangle : FusedKernel::kV4;
       }
       expected[absl::StrCat("fused/", FusedTechnique(k, dt))] += std::size(kAllSpectra);
     }
@@ -579,6 +579,65 @@ TEST_F(CudaEngineTest, F32ManyJobsPerBlockOddSliceCounts) {
   } else {  // a wrong slice overflowed f16 at its job's scale (H200 s5-1)
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr("NaN or Inf")) << s;
+  }
+}
+
+// f32 Grams of side > 128 on v4 as paired tiles (ConvertPairedTiles: each
+// slice of an off-diagonal job converts its row block A and column block B,
+// three f16 products): 3 x 1024x4096 (36 jobs each, the live fp32-weights
+// shape), edge tiles and odd slice counts (257 x 3001: 47 slices), a Gram
+// side just over one tile (129 x 1000), a square (200 x 200: 4 slices), 5 x
+// 5 tiles (640 x 1000), 4 of each; 216 jobs, more than the H200's 132 blocks, so
+// blocks run several units and the converter groups' tile parity changes
+// across job boundaries. Every matrix exact with no oracle fallback,
+// served as fused/tma-wgmma-square (the test fails if v3 served them), the
+// bits of a matrix alone equal to its bits in the batch (the shortest job
+// has 4 slices: no cut pieces), and the mutant (its last k-step reads B at
+// the slice's first) caught on every matrix but the rank-1 ones.
+TEST_F(CudaEngineTest, F32PairedTilesMatchOracle) {
+  if (!V4Runs()) GTEST_SKIP() << "fused v4 needs compute capability 9.0";
+  ASSERT_EQ(ChooseFusedKernel(9, 0, DType::kF32, 1024, 4096, true), FusedKernel::kV4);
+  std::vector<StoredMatrix> suite;
+  std::vector<Spectrum> spectra;
+  const std::vector<Shape> shapes = {{1024, 4096}, {257, 3001}, {129, 1000}, {200, 200},
+                                     {640, 1000}};
+  for (int i = 0; i < 20; ++i) {
+    const Shape sh = shapes[i % shapes.size()];
+    if (sh.rows == 1024 && i >= 15) continue;  // 3 of 1024 x 4096 (the oracle's time)
+    const Spectrum sp = kAllSpectra[i % 4];
+    spectra.push_back(sp);
+    suite.push_back(Store(MakeMatrix(rng_, sh.rows, sh.cols, sp), sh.rows, sh.cols,
+                          DType::kF32, 0, absl::StrCat(SpectrumName(sp), " #", i)));
+  }
+  const std::vector<double> ref = Oracle(suite);
+  const std::string label = absl::StrCat("fused/", FusedTechnique(FusedKernel::kV4, DType::kF32));
+  ASSERT_EQ(label, "fused/tma-wgmma-square");
+  const int64_t served = engine_->Stats().served[label];
+  std::vector<double> out;
+  ExpectExactWithoutFallback(suite, ref, "fused f32 paired tiles", &out);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(engine_->Stats().served[label] - served, static_cast<int64_t>(suite.size()))
+      << "f32 Grams of side > 128 were not served by v4's paired tiles";
+  for (size_t i = 0; i < suite.size(); i += 3) {
+    std::vector<double> alone = Poisoned(1);
+    ASSERT_TRUE(engine_->ComputePR({suite[i].view}, {}, absl::MakeSpan(alone)).ok());
+    EXPECT_EQ(std::memcmp(&alone[0], &out[i], sizeof(double)), 0)
+        << suite[i].label << ": alone " << alone[0] << " batched " << out[i];
+  }
+
+  engine_->UseFusedMutantForTest(&FusedMutantLaunchers());
+  std::vector<double> bad = Poisoned(suite.size());
+  const absl::Status s = engine_->ComputePR(Views(suite), {}, absl::MakeSpan(bad));
+  engine_->UseFusedMutantForTest(nullptr);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_GT(engine_->Stats().served[absl::StrCat(
+                "fused/MUTANT-", FusedTechnique(FusedKernel::kV4, DType::kF32))],
+            0);
+  for (size_t i = 0; i < suite.size(); ++i) {
+    if (spectra[i] == Spectrum::kRankOne) continue;  // (every sum of u u^T multiples: PR 1)
+    EXPECT_FALSE(WithinTolerance(bad[i], ref[i], kExactPrTolerance))
+        << suite[i].label << ": the paired-tile mutant went unnoticed (" << bad[i] << " vs "
+        << ref[i] << ")";
   }
 }
 

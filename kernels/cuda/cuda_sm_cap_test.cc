@@ -40,7 +40,8 @@ const Family kFamilies[] = {
     {DType::kBF16, 128, 512, false, 16},  // v4 triangle (sm_90), else v3
     {DType::kF32, 128, 512, false, 16},   // v4 square f32
     {DType::kBF16, 300, 1000, false, 6},  // v4 square, off-diagonal jobs
-    {DType::kF32, 200, 700, false, 13},   // v3 on f32 (side > 128)
+    {DType::kF32, 200, 700, false, 13},   // v4 square f32, paired tiles (side > 128)
+    {DType::kF32, 200, 700, true, 13},    // v3 on f32 (unaligned rows)
     {DType::kBF16, 128, 512, true, 16},   // v3, 16-bit (unaligned rows)
     {DType::kF16, 200, 700, true, 13},    // v3 with off-diagonal jobs
     {DType::kBF16, 1000, 200, false, 16}, // v1 tall, off-diagonal jobs
@@ -71,7 +72,7 @@ class CudaSmCapTest : public ::testing::Test {
   FusedKernel KernelOf(const Family& f) const {
     if (f.rows > f.cols) return FusedKernel::kV1Tall;
     if (!v4_ || f.unaligned) return FusedKernel::kV3;
-    if (f.dtype == DType::kF32) return f.rows <= 128 ? FusedKernel::kV4 : FusedKernel::kV3;
+    if (f.dtype == DType::kF32) return FusedKernel::kV4;
     return f.rows <= 128 ? FusedKernel::kV4Triangle : FusedKernel::kV4;
   }
 

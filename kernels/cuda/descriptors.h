@@ -34,6 +34,7 @@ struct LaunchPolicy {
   int warps_f32 = 0;     // warps per block for f32 inputs (v4); 0: warps
   int tail_pieces = 1;   // v4: most K-pieces a job of a last round is cut into (16-bit)
   int tail_pieces_f32 = 1;  // the same for f32 inputs
+  int f32_pairs = 0;     // v4: 1, f32 Grams of side > block_tile too (paired tiles); 0: v3's
 };
 
 // sm_90 (H200), the only tuned target. Values and where they came from:
@@ -143,9 +144,15 @@ inline constexpr LaunchPolicy kFusedPolicyV3Sm90{
 // f32 0.3075 -> 0.2953 ms isolated (H200 s8-7). 16-bit launches keep whole
 // jobs (tail_pieces 1): cut, 480 bf16 and the 1024 case were slower (the
 // partial Grams' combining costs more than their shorter last round saves).
+// "x3" (f32_pairs 1): f32 Grams of side > 128 on v4 too, each slice of an
+// off-diagonal job as two tiles (row block A, column block B) split into
+// f16 hi + lo and multiplied as hA hB^T + hA lB^T + lA hB^T (12 wgmma a
+// slice; ConvertPairedTiles), 2 stages and 5 sets; before, v3's 3xTF32
+// mma.sync (32 x 1024x4096 f32 6.2 ms). f32_pairs 0 sends them back to v3.
 // Measurements: docs/history/kernel-notes.md, fused v4; docs/history/bench-results.md, sessions 2 to 8.
 inline constexpr LaunchPolicy kFusedPolicyV4Sm90{
-    "fused-v4-tma-wgmma-bt128s6c8w16d3p8", 128, 12, 64, 128, 6, 2, 128, 1, 6, 4, 4, 8, 16, 1, 8};
+    "fused-v4-tma-wgmma-bt128s6c8w16d3p8x3", 128, 12, 64, 128, 6, 2, 128, 1, 6, 4, 4, 8, 16, 1, 8,
+    1};
 
 // v4 for 16-bit Grams of side <= 128 (one diagonal job per matrix): the
 // same ring and producer, and three consumer warpgroups, one per 64 x 64
@@ -261,6 +268,8 @@ struct FusedV4Launch {
   int32_t* tickets;       // a cut plan's kFusedV4TicketInts int32, zero (left zero), or null
   bool triangle;          // FusedKernel::kV4Triangle's matrices (16-bit, Gram side <= 128),
                           // else kV4's
+  bool pairs;             // kV4's f32 matrices of Gram side > 128 (FusedV4Pairs: paired
+                          // tiles, three products a slice), else none of them
   // Outputs per job as LaunchFused, except maxabs (sqrt(max_i G_ii / k):
   // see fused_v4_kernel.cuh).
   double* g2;

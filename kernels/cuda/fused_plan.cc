@@ -34,8 +34,10 @@ absl::Status PlanFusedCall(absl::Span<const MatrixView> views, const DeviceInfo&
     kernel[i] = ChooseFusedKernel(device.sm_major, device.sm_minor, views[i].dtype,
                                   views[i].rows, views[i].cols, by_index[i].aligned != 0);
   }
-  auto key = [&](size_t i) {  // (dtype, kernel)
-    return 256 * static_cast<int>(views[i].dtype) + static_cast<int>(kernel[i]);
+  auto pairs = [&](size_t i) { return FusedV4Pairs(kernel[i], views[i].dtype, by_index[i].n); };
+  auto key = [&](size_t i) {  // (dtype, kernel, paired tiles)
+    return 256 * static_cast<int>(views[i].dtype) + 2 * static_cast<int>(kernel[i]) +
+           (pairs(i) ? 1 : 0);
   };
   std::vector<size_t>& order = call.order;
   order.resize(m);
@@ -77,6 +79,7 @@ absl::Status PlanFusedCall(absl::Span<const MatrixView> views, const DeviceInfo&
     FusedCall::Launch l;
     l.kernel = kernel[order[s0]];
     l.dtype = views[order[s0]].dtype;
+    l.pairs = pairs(order[s0]);
     size_t s1 = s0;
     int min_slices = std::numeric_limits<int>::max();
     for (; s1 < m && key(order[s1]) == key(order[s0]); ++s1) {
@@ -174,6 +177,7 @@ cudaError_t LaunchFusedCall(const FusedCall& call, const KernelTable& table, con
                                At<float>(w, call.o_part),
                                tickets,
                                l.kernel == FusedKernel::kV4Triangle,
+                               l.pairs,
                                g2,
                                tr,
                                mx,

@@ -57,6 +57,7 @@ struct FusedCall {
     int j0 = 0, jobs = 0;  // the launch's first job (g2, trace, maxabs) and count
     int list0 = 0;         // its first job in the v1 or v2 job list
     bool offdiag = false;
+    bool pairs = false;    // v4's f32 of Gram side > 128 (FusedV4Pairs)
     int grid = 0;          // blocks: ProductGrid(jobs) for v1 and v3, plan.grid for v4
     FusedV4Plan plan;
   };
@@ -74,7 +75,8 @@ struct FusedCall {
 };
 
 // Plans `views` (device pointers). Matrices are ordered by dtype, then
-// kernel (v4, v4 triangle, v3 wide, v1 tall), stably, so that each launch's
+// kernel (v4, v4 triangle, v3 wide, v1 tall; v4's f32 of Gram side > 128
+// after its other f32), stably, so that each launch's
 // jobs are contiguous; job indices (g2, trace, maxabs) run over all launches
 // in slot order, so the finalize sums each matrix's jobs in order.
 // `encode` writes v4's tensor maps (a stand-in where no driver is: the

@@ -52,14 +52,15 @@ std::vector<MatrixView> Views(const std::vector<Case>& cases) {
   return views;
 }
 
-// Every shape class on sm_90 (v4 square and triangle, v3 wide, v3 on f32,
-// v1 tall), in calls with more jobs than any cap below.
+// Every shape class on sm_90 (v4 square and triangle, v4's f32 paired
+// tiles, v3 wide, v3 on f32, v1 tall), in calls with more jobs than any cap below.
 const std::vector<std::vector<Case>> kCalls = {
     {{DType::kF32, 128, 4096, true, 480}},                // v4 square, f32
     {{DType::kBF16, 128, 4096, true, 480}},               // v4 triangle
     {{DType::kBF16, 1024, 4096, true, 32}},               // v4 square, off-diagonal jobs
     {{DType::kBF16, 128, 4096, false, 300}},              // v3 (unaligned rows)
-    {{DType::kF32, 300, 4096, true, 40}},                 // v3 on f32 (side > 128)
+    {{DType::kF32, 300, 4096, true, 40}},                 // v4 square, f32 paired tiles
+    {{DType::kF32, 300, 4096, false, 40}},                // v3 on f32 (unaligned rows)
     {{DType::kBF16, 4096, 128, true, 480}},               // v1 tall
     {{DType::kF16, 4096, 300, true, 40}},                 // v1 tall, off-diagonal jobs
     {{DType::kF32, 129, 1000, true, 7},                   // all of them in one call
@@ -158,6 +159,41 @@ TEST(FusedPlanTest, CapKeepsJobsAndLayout) {
   EXPECT_EQ(free_call.o_jobs, capped_call.o_jobs);
   EXPECT_EQ(free_call.o_g2, capped_call.o_g2);
   EXPECT_EQ(free_call.o_pr, capped_call.o_pr);
+}
+
+// v4's f32 matrices of Gram side > 128 (paired tiles, their own kernel
+// instance) launch apart from its f32 ones of side <= 128, whatever the
+// order in the call, and only they have `pairs`: each matrix meets the
+// same kernel in every call. Their jobs are the 128 x 128 tiles of the
+// upper triangle, and the finalize sums them (v4 finishes side <= 128 only).
+TEST(FusedPlanTest, F32PairedTilesLaunchApart) {
+  const std::vector<MatrixView> views = Views({{DType::kF32, 300, 4096, true, 2},
+                                               {DType::kF32, 128, 4096, true, 3},
+                                               {DType::kF32, 1024, 4096, true, 1},
+                                               {DType::kBF16, 300, 4096, true, 2}});
+  FusedCall call;
+  ASSERT_TRUE(PlanFusedCall(views, PlanningDevice(9, 0, 132, 0), &call, &FakeEncoder).ok());
+  ASSERT_EQ(call.launches.size(), 3u);
+  const FusedCall::Launch& small = call.launches[0];
+  const FusedCall::Launch& paired = call.launches[1];
+  const FusedCall::Launch& bf16 = call.launches[2];
+  EXPECT_EQ(small.dtype, DType::kF32);
+  EXPECT_EQ(small.kernel, FusedKernel::kV4);
+  EXPECT_FALSE(small.pairs);
+  EXPECT_EQ(small.matrices, 3);
+  EXPECT_EQ(small.jobs, 3);
+  EXPECT_EQ(paired.dtype, DType::kF32);
+  EXPECT_EQ(paired.kernel, FusedKernel::kV4);
+  EXPECT_TRUE(paired.pairs);
+  EXPECT_EQ(paired.matrices, 3);
+  EXPECT_EQ(paired.jobs, 2 * 6 + 36);  // 3 row tiles: 6 jobs; 8: 36
+  EXPECT_TRUE(paired.offdiag);
+  EXPECT_EQ(paired.j0, small.j0 + small.jobs);
+  EXPECT_EQ(bf16.kernel, FusedKernel::kV4);
+  EXPECT_FALSE(bf16.pairs);
+  EXPECT_FALSE(call.finished);  // the paired matrices' jobs go to the finalize
+  // In slot order: the small f32 ones (input 2, 3, 4), the paired (0, 1, 5).
+  EXPECT_EQ(call.order, (std::vector<size_t>{2, 3, 4, 0, 1, 5, 6, 7}));
 }
 
 }  // namespace

@@ -2,8 +2,9 @@
 // launched by fused_v4_launch.cuh; no host-only includes: NVRTC compiles
 // it for sm_90a): Hopper's tensor
 // copy engine (TMA) and warpgroup MMAs (wgmma), for wide W whose rows start
-// on 16-byte boundaries: bf16/f16 of any size, f32 with a Gram side <= 128
-// (diagonal jobs; see ConvertSlices). sm_90a only (wgmma): the translation units that
+// on 16-byte boundaries: bf16/f16 and f32 of any size (f32 with a Gram side
+// <= 128: diagonal jobs, ConvertSlices; larger: paired tiles,
+// ConvertPairedTiles). sm_90a only (wgmma): the translation units that
 // include this file are compiled for sm_90a alone, and the engine launches
 // v4 only on compute capability 9.0.
 //
@@ -112,14 +113,20 @@ constexpr int kMaxConsumerWarps = Consumers<true>::kWarps;
 // for 16-bit, the sets for f32. (The sets written in place of the f32
 // stages, 7 of them and no sets, were 9% slower: a stage then stays taken
 // until the consumers are done with it, run s4-7.)
-template <typename T, bool kTriangle = false>
+//   f32 pairs (Gram side > 128, kPairs): the same 7 x 32 KB as 2 stages
+//           (one per converter warpgroup) and 5 sets, each stage and set
+//           one 128 x 64 tile: an off-diagonal job's slice takes two of
+//           each (its row block A, then its column block B), a diagonal
+//           job's one (see ConvertPairedTiles).
+template <typename T, bool kTriangle = false, bool kPairs = false>
 struct Layout {
   static constexpr bool kF32 = ::cuda::std::is_same_v<T, float>;
   static_assert(!(kF32 && kTriangle), "f32 runs square jobs only");
-  static constexpr int kStages = kF32 ? 4 : 6;
+  static_assert(kF32 || !kPairs, "paired tiles are f32's");
+  static constexpr int kStages = kF32 ? (kPairs ? 2 : 4) : 6;
   static constexpr int kTileBytes = kTile * kSliceK * (kF32 ? 4 : 2);  // one TMA copy
   static constexpr int kStageBytes = kF32 ? kTileBytes : 2 * kTileBytes;
-  static constexpr int kSets = kF32 ? 3 : 0;
+  static constexpr int kSets = kF32 ? (kPairs ? 5 : 3) : 0;
   static constexpr int kSetBytes = 2 * kHalfTileBytes;
   static constexpr int kSetOffset = kStages * kStageBytes;
   static constexpr int kFullOffset = kSetOffset + kSets * kSetBytes;
@@ -127,7 +134,7 @@ struct Layout {
   static constexpr int kSetFullOffset = kEmptyOffset + 8 * kStages;
   static constexpr int kSetEmptyOffset = kSetFullOffset + 8 * kSets;
   static constexpr int kInvOffset = kSetEmptyOffset + 8 * kSets;
-  static constexpr int kReduceOffset = kInvOffset + 16;
+  static constexpr int kReduceOffset = kInvOffset + (kSets * 4 + 15) / 16 * 16;
   // Epilogue partials (2 sets x 3 doubles per warp), then 3 x 8 words of
   // per-warp maxima (f32's scales), then a cut job's ticket (CombinePieces).
   // Then, for 16-bit square jobs, the second warpgroup's part of a
@@ -146,7 +153,7 @@ struct Layout {
   static constexpr int kRingSlotBytes = kF32 ? kSetBytes : kStageBytes;
   static constexpr int kRingFullOffset = kF32 ? kSetFullOffset : kFullOffset;
   static constexpr int kRingEmptyOffset = kF32 ? kSetEmptyOffset : kEmptyOffset;
-  static_assert(kSets * 4 <= 16, "set_inv");
+  static_assert(kSmemBytes <= 227 * 1024, "the H200's shared memory per block");
 };
 
 // The kernel's purpose (Mode, a template argument): kernels.h.
@@ -666,7 +673,8 @@ __device__ __forceinline__ uint32_t ConverterMax(float mx, int g, uint32_t* slot
 }
 
 // Writes v, float4 t of the tile (row t / 16, floats 4 (t % 16) .. + 3), as
-// hi and 2 lo at scale `scale`.
+// hi and 2 lo at scale `scale` (kDoubleLo false: hi and lo; paired tiles).
+template <bool kDoubleLo = true>
 __device__ __forceinline__ void ConvertFloat4(float4 v, float scale, uint32_t hi, uint32_t lo,
                                               int t) {
   const int row = t / 16, h = t % 16;
@@ -676,8 +684,10 @@ __device__ __forceinline__ void ConvertFloat4(float4 v, float scale, uint32_t hi
   // lo = x - hi is exact in f32; doubling it in f16 is exact (|lo| <= 8).
   __half2 l01 = __floats2half2_rn(x[0] - b01.x, x[1] - b01.y);
   __half2 l23 = __floats2half2_rn(x[2] - b23.x, x[3] - b23.y);
-  l01 = __hadd2(l01, l01);
-  l23 = __hadd2(l23, l23);
+  if constexpr (kDoubleLo) {
+    l01 = __hadd2(l01, l01);
+    l23 = __hadd2(l23, l23);
+  }
   // 16-byte chunk h / 2 of the row, swizzled with row % 8; this half of it.
   const uint32_t at = row * 128 + (((h / 2) ^ (row % 8)) << 4) + (h % 2) * 8;
   asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(hi + at),
@@ -855,16 +865,163 @@ __device__ __forceinline__ void ConvertSlices(const TensorMap* maps, const Matri
   }
 }
 
+// f32 Grams of side > 128 (kPairs): an off-diagonal job (row blocks A and
+// B, scales s and t) needs G_AB = W_A W_B^T itself, not just a square
+// whose sums of squares equal G's (hi hi^T + hi (2 lo)^T above holds only
+// over the whole symmetric square, where X - X^T cancels). With W_A s =
+// hA + lA + O(2^-22 |W_A s|) and likewise B, a slice's product is
+//   hA hB^T + hA lB^T + lA hB^T = s t G_AB - lA lB^T + (residuals),
+// three chained wgmma per k-step, unscaled by (s t)^-1 when added to the
+// sums (the 3xTF32 scheme with f16 halves: lA lB^T is second order). A
+// diagonal job runs the same three products with B = A (one tile), so one
+// instruction sequence serves both kinds of job.
+//
+// The tiles, in block order: each unit's slices, a slice's tile A (rows
+// row0..) then, off the diagonal, its tile B (rows col0..). Converter
+// group g takes tiles n = g, g + 2, ... (within an off-diagonal job one
+// group converts every A, the other every B), each from its own stage (n %
+// 2 = g) into set n % kSets, with its own exact scale: every tile is read
+// into registers first (16 float4 per thread), so the group's barrier after
+// the reads both gives the tile's largest |w| and frees the stage for the
+// group's next copy, which is in flight while the tile is converted. No
+// scale is carried between tiles (nothing to re-convert); set_inv holds
+// each tile's s^-1, and the consumers multiply the two of a slice.
+struct TileCursor {
+  int u, k, op, n;  // unit, its slice k, tile op (0: A, 1: B), block tile n
+  bool pair;        // the unit's job is off the diagonal: two tiles a slice
+  Unit unit;
+
+  __device__ __forceinline__ void Start(const FusedJobV2* jobs, const MatrixDesc* mats,
+                                        const Schedule& sched) {
+    u = blockIdx.x;
+    n = 0;
+    Load(jobs, mats, sched);
+  }
+  __device__ __forceinline__ void Next(const FusedJobV2* jobs, const MatrixDesc* mats,
+                                       const Schedule& sched) {
+    ++n;
+    if (pair && op == 0) {
+      op = 1;
+      return;
+    }
+    op = 0;
+    if (++k == unit.k1) {
+      u += gridDim.x;
+      Load(jobs, mats, sched);
+    }
+  }
+  __device__ __forceinline__ void Load(const FusedJobV2* jobs, const MatrixDesc* mats,
+                                       const Schedule& sched) {
+    op = 0;
+    if (u >= sched.units) return;
+    unit = UnitAt(u, sched, jobs, mats);
+    k = unit.k0;
+    pair = unit.job.diagonal == 0;
+  }
+  // The first W row of the tile.
+  __device__ __forceinline__ int Row() const { return op == 0 ? unit.job.row0 : unit.job.col0; }
+};
+
+// s^-1 for the scale s = 2^(e - 127) of ExactScale (bits e << 23): 2^(127 -
+// e), e in [64, 254], so 2^63 down to 2^-127 (subnormal, exact).
+__device__ __forceinline__ float InverseScale(float scale) {
+  const int e = static_cast<int>(__float_as_uint(scale) >> 23);
+  const int p = 127 - e;
+  return __uint_as_float(p >= -126 ? static_cast<uint32_t>(p + 127) << 23 : 1u << 22);
+}
+
+template <int kMode>
+__device__ __forceinline__ void ConvertPairedTiles(const TensorMap* maps, const MatrixDesc* mats,
+                                                   const FusedJobV2* jobs, const Schedule& sched,
+                                                   uint32_t tiles, uint32_t full0,
+                                                   uint32_t set_full0, uint32_t set_empty0,
+                                                   float* set_inv, uint32_t* red_max) {
+  using L = Layout<float, false, true>;
+  static_assert(L::kStages == kConverterGroups, "one stage per converter group");
+  const int g = (threadIdx.x - 128 * Consumers<false>::kGroups) / kConverters;
+  const int ct = threadIdx.x % kConverters;
+  // This group's 4 words of red_max (ConverterMax): written before the
+  // group's first barrier of a tile, read before its second.
+  uint32_t* const slots = red_max + 12 * g;
+  auto step = [&](TileCursor& c) {
+    for (int i = 0; i < kConverterGroups; ++i) c.Next(jobs, mats, sched);
+  };
+  TileCursor cur;
+  cur.Start(jobs, mats, sched);
+  for (int i = 0; i < g; ++i) cur.Next(jobs, mats, sched);
+  // The copies (converter 0): tile `t` into its stage. One cursor, stepped
+  // to the group's next tile at the top of each round, before the tile's 64
+  // registers are live (a second cursor for the copies, or the step next
+  // to the registers, spilled at setmaxnreg 104).
+  int acquired = -1;  // the unit whose tensor map was last acquired
+  auto issue_load = [&](const TileCursor& t) {
+    if (t.u >= sched.units) return;
+    const TensorMap* map = maps + t.unit.job.matrix;
+    if (t.u != acquired) {
+      AcquireTensorMap(map);
+      acquired = t.u;
+    }
+    const uint32_t full = full0 + 8 * (t.n % L::kStages);
+    if constexpr (kMode == kProbeNoLoad || kMode == kProbeMmaOnly) {
+      MbarArrive(full);
+    } else {
+      MbarArriveExpectTx(full, L::kTileBytes);
+      TmaLoadTile(tiles + (t.n % L::kStages) * L::kStageBytes, map, t.k * kSliceK, t.Row(),
+                  full);
+    }
+  };
+  if (ct == 0) issue_load(cur);
+  while (cur.u < sched.units) {
+    const int stage = cur.n % L::kStages, set = cur.n % L::kSets;
+    const uint32_t set_phase = ((cur.n / L::kSets) & 1) ^ 1;
+    const uint32_t full_phase = (cur.n / L::kStages) & 1;
+    step(cur);  // now the group's next tile
+    MbarWait(full0 + 8 * stage, full_phase);
+    // (32-bit shared addresses: registers are what this loop is short of.)
+    const uint32_t src = tiles + stage * L::kStageBytes + 16 * ct;
+    float4 v[kConvertTasks];
+    float mx = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kConvertTasks; ++q) {
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                   : "=f"(v[q].x), "=f"(v[q].y), "=f"(v[q].z), "=f"(v[q].w)
+                   : "r"(src + 16 * kConverters * q)
+                   : "memory");
+      mx = fmaxf(mx, MaxAbs(v[q]));
+    }
+    // The group's barrier: every thread has read the stage, which takes
+    // the group's next tile now.
+    const TileScale ts = ExactScale(ConverterMax(mx, g, slots));
+    if (ct == 0) issue_load(cur);
+    MbarWait(set_empty0 + 8 * set, set_phase);
+    const uint32_t hi = tiles + L::kSetOffset + set * L::kSetBytes;
+    if constexpr (kMode != kProbeNoConvert && kMode != kProbeMmaOnly) {
+#pragma unroll
+      for (int q = 0; q < kConvertTasks; ++q) {
+        ConvertFloat4<false>(v[q], ts.scale, hi, hi + kHalfTileBytes, TaskIndex(ct, q));
+      }
+    }
+    // The tensor cores read the set through the async proxy; the barrier:
+    // the whole set is written.
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("bar.sync %0, %1;" ::"r"(2 + g), "n"(kConverters) : "memory");
+    if (ct == 0) {
+      set_inv[set] = InverseScale(ts.scale);
+      MbarArrive(set_full0 + 8 * set);
+    }
+  }
+}
+
 #endif  // RVD_FUSED_V4_DEVICE
 
-template <typename T, int kMode, bool kTriangle>
+template <typename T, int kMode, bool kTriangle, bool kPairs = false>
 __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     FusedV4Kernel(const TensorMap* maps, const MatrixDesc* mats, const FusedJobV2* jobs,
                   Schedule sched, double* g2, double* trace, float* maxabs, double* pr,
                   int32_t* status) {
 #ifdef RVD_FUSED_V4_DEVICE
-  using L = Layout<T, kTriangle>;
-  using R = Registers<T, kTriangle>;
+  using L = Layout<T, kTriangle, kPairs>;
+  using R = Registers<T, kTriangle>;  // (kPairs: the same warpgroups)
   using C = Consumers<kTriangle>;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = SmemAddr(smem_raw);
@@ -896,7 +1053,10 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
 
   if (warp >= C::kWarps) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R::kThird));
-    if constexpr (L::kF32) {
+    if constexpr (kPairs) {
+      ConvertPairedTiles<kMode>(maps, mats, jobs, sched, tiles, full0, set_full0, set_empty0,
+                                set_inv, red_max);
+    } else if constexpr (L::kF32) {
       ConvertSlices<kMode>(maps, mats, jobs, sched, tiles, base, full0, set_full0, set_empty0,
                            set_inv, red_max);
     } else if (warp == C::kWarps && lane == 0) {
@@ -1115,6 +1275,51 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
       WgmmaWait<1>();
       retire(run, run_inv, u);
     };
+    if constexpr (kPairs) {
+      // f32 Grams of side > 128 (ConvertPairedTiles): per slice, the sets
+      // of tile A and (off the diagonal) tile B, hA hB^T + hA lB^T + lA
+      // hB^T in one chain of 12 wgmma (the same sequence for both kinds of
+      // job: B's set is A's on the diagonal), added at (s t)^-1. (The
+      // mutant's last k-step reads B at the slice's first, as the 16-bit
+      // one: a plausible, wrong Gram. A mutant in the lo products would
+      // not do: with hi rounded to nearest, errors of order lo in G mostly
+      // cancel in ||G||^2, which is also why hi hi^T + hi (2 lo)^T works.)
+      const bool pair = !diag;
+      for (int s = 0; s < slices; ++s) {
+        prepare();
+        const uint32_t a = ready + row0 * 128;
+        const float inv_a = ready_inv;
+        if (pair) prepare();
+        const uint32_t b = ready;
+        const float inv = __fmul_rn(inv_a, ready_inv);
+        FenceAccumulators(part0);
+        WgmmaFence();
+#pragma unroll
+        for (int kk = 0; kk < kSliceK / 16; ++kk) {
+          const int kb = kMode == kMutant && kk == kSliceK / 16 - 1 ? 0 : kk;
+          const uint64_t ah = SwizzledDesc(a + 32 * kk);
+          const uint64_t al = SwizzledDesc(a + kHalfTileBytes + 32 * kk);
+          const uint64_t bh = SwizzledDesc(b + 32 * kb);
+          const uint64_t bl = SwizzledDesc(b + kHalfTileBytes + 32 * kb);
+          if (kk == 0) {
+            Wgmma<__half, C::kN, true>(part0, ah, bh);
+          } else {
+            Wgmma<__half, C::kN, false>(part0, ah, bh);
+          }
+          Wgmma<__half, C::kN, false>(part0, ah, bl);
+          Wgmma<__half, C::kN, false>(part0, al, bh);
+        }
+        WgmmaCommit();
+        WgmmaWait<0>();
+        FenceAccumulators(part0);
+        free_slot();
+        if (pair) free_slot();
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) sum[i] = __fmaf_rn(part0[i], inv, sum[i]);
+      }
+      finish();
+      continue;
+    }
     if constexpr (kMode == kProbeLoadOnly) {
       for (int s = 0; s < slices; ++s) {
         prepare();

@@ -13,7 +13,7 @@
 
 namespace rvd::cuda::fused_v4 {
 
-template <typename T, int kMode, bool kTriangle>
+template <typename T, int kMode, bool kTriangle, bool kPairs = false>
 cudaError_t LaunchFusedV4Shape(const FusedV4Launch& l, cudaStream_t stream) {
   const FusedV4Plan& plan = l.plan;
   if (plan.units <= 0) return cudaSuccess;
@@ -24,8 +24,8 @@ cudaError_t LaunchFusedV4Shape(const FusedV4Launch& l, cudaStream_t stream) {
   }
   const Schedule sched{plan.cut, plan.pieces, plan.units, cut ? l.partials : nullptr,
                        cut ? l.tickets : nullptr};
-  auto* kernel = FusedV4Kernel<T, kMode, kTriangle>;
-  constexpr int smem = Layout<T, kTriangle>::kSmemBytes;
+  auto* kernel = FusedV4Kernel<T, kMode, kTriangle, kPairs>;
+  constexpr int smem = Layout<T, kTriangle, kPairs>::kSmemBytes;
   const cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
@@ -39,8 +39,17 @@ template <typename T, int kMode>
 cudaError_t LaunchFusedV4T(const FusedV4Launch& l, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, float>) {
     if (l.triangle) return cudaErrorInvalidValue;
+    if (l.pairs) {
+      // (The paired-tile kernel has the live and mutant instances only.)
+      if constexpr (kMode == kLive || kMode == kMutant) {
+        return LaunchFusedV4Shape<T, kMode, false, true>(l, stream);
+      } else {
+        return cudaErrorNotSupported;
+      }
+    }
     return LaunchFusedV4Shape<T, kMode, false>(l, stream);
   } else {
+    if (l.pairs) return cudaErrorInvalidValue;
     return l.triangle ? LaunchFusedV4Shape<T, kMode, true>(l, stream)
                       : LaunchFusedV4Shape<T, kMode, false>(l, stream);
   }

@@ -32,7 +32,8 @@ FusedKernel ChooseFusedKernel(int sm_major, int sm_minor, DType dtype, int64_t r
                               int64_t cols, bool aligned) {
   if (rows > cols) return FusedKernel::kV1Tall;
   const bool small = rows <= kFusedPolicyV4Sm90.block_tile;
-  const bool v4 = FusedV4Runs(sm_major, sm_minor) && aligned && (dtype != DType::kF32 || small);
+  const bool v4 = FusedV4Runs(sm_major, sm_minor) && aligned &&
+                  (dtype != DType::kF32 || small || kFusedPolicyV4Sm90.f32_pairs != 0);
   if (!v4) return FusedKernel::kV3;
   return small && dtype != DType::kF32 ? FusedKernel::kV4Triangle : FusedKernel::kV4;
 }

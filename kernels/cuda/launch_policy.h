@@ -44,11 +44,20 @@ inline bool IsFusedV4(FusedKernel kernel) {
 // Which fused kernel serves a rows x cols matrix of `dtype` on a device of
 // compute capability sm_major.sm_minor; `aligned`: its data and rows start
 // on 16-byte boundaries (what TMA needs). Tall matrices: v1. Wide: v4 where
-// it runs, for aligned rows, f32 only up to a Gram side of 128 (diagonal
-// jobs), 16-bit up to 128 as v4's triangle; else v3. Depends on nothing
+// it runs, for aligned rows (f32 of Gram side > 128 only with the policy's
+// f32_pairs), 16-bit up to 128 as v4's triangle; else v3. Depends on nothing
 // else: a matrix gets the same bits in every call.
 FusedKernel ChooseFusedKernel(int sm_major, int sm_minor, DType dtype, int64_t rows,
                               int64_t cols, bool aligned);
+
+// Whether v4 `kernel` runs a matrix of `dtype` and Gram side `gram_side` as
+// paired tiles (FusedV4Launch::pairs: f32 of side > 128, whose off-diagonal
+// jobs need both row blocks converted). Such matrices launch apart from
+// v4's other f32 ones, so each gets the same kernel in every call.
+inline bool FusedV4Pairs(FusedKernel kernel, DType dtype, int64_t gram_side) {
+  return kernel == FusedKernel::kV4 && dtype == DType::kF32 &&
+         gram_side > kFusedPolicyV4Sm90.block_tile;
+}
 
 // Whether fused v4 writes a matrix's PR itself (LaunchFusedV4's pr): a
 // matrix it serves in one job, Gram side <= 128.

@@ -99,8 +99,18 @@ TEST(LaunchPolicy, ChooseFusedKernel) {
     EXPECT_EQ(ChooseFusedKernel(8, 0, dt, 128, 4096, true), K::kV3);   // no sm_90a code
     EXPECT_EQ(ChooseFusedKernel(10, 0, dt, 128, 4096, true), K::kV3);
   }
-  // f32 on v4: diagonal jobs only, so Gram sides up to 128.
-  EXPECT_EQ(ChooseFusedKernel(9, 0, DType::kF32, 129, 4096, true), K::kV3);
+  // f32 on v4 at any Gram side: up to 128 its diagonal jobs, beyond as
+  // paired tiles (a launch of their own); the policy's f32_pairs is what
+  // sends them there (0: v3, as before).
+  ASSERT_EQ(kFusedPolicyV4Sm90.f32_pairs, 1);
+  EXPECT_EQ(ChooseFusedKernel(9, 0, DType::kF32, 129, 4096, true), K::kV4);
+  EXPECT_EQ(ChooseFusedKernel(9, 0, DType::kF32, 1024, 4096, true), K::kV4);
+  EXPECT_EQ(ChooseFusedKernel(9, 0, DType::kF32, 1024, 4096, false), K::kV3);
+  EXPECT_FALSE(FusedV4Pairs(K::kV4, DType::kF32, 128));
+  EXPECT_TRUE(FusedV4Pairs(K::kV4, DType::kF32, 129));
+  EXPECT_FALSE(FusedV4Pairs(K::kV4, DType::kBF16, 1024));
+  EXPECT_FALSE(FusedV4Pairs(K::kV3, DType::kF32, 1024));
+  EXPECT_FALSE(FusedV4FinishesMatrix(K::kV4, 129));
   EXPECT_EQ(ChooseFusedKernel(9, 0, DType::kBF16, 1024, 4096, true), K::kV4);
   EXPECT_EQ(ChooseFusedKernel(9, 0, DType::kBF16, 129, 4096, true), K::kV4);
   EXPECT_EQ(ChooseFusedKernel(9, 0, DType::kF16, 1, 512, true), K::kV4Triangle);
