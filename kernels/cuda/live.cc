@@ -142,12 +142,29 @@ Live::~Live() {
   cudaSetDevice(device_);
   std::vector<rvd_ipc_segment*> segments;
   std::vector<cudaEvent_t> events;
+  bool in_flight = false;  // a snapshot still queued: its sources stay mapped
   {
     absl::MutexLock lock(&mu_);
     segments.assign(segments_.begin(), segments_.end());
     events.assign(events_.begin(), events_.end());
+    // A slot still waiting (on a producer's event that may never come: a
+    // trainer that died mid-step) is left as it is, its memory leaked
+    // rather than freed under work in flight; the others are released.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     for (std::unique_ptr<rvd_snapshot>& slot : slots_) {
-      cudaStreamSynchronize(slot->stream);
+      bool idle = !slot->recorded;
+      while (!idle) {
+        const cudaError_t q = cudaEventQuery(slot->finished);
+        idle = q != cudaErrorNotReady;  // done, or an error: nothing will run
+        if (idle || std::chrono::steady_clock::now() > deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      cudaGetLastError();
+      if (!idle) {
+        slot.release();  // deliberately leaked, see above
+        in_flight = true;
+        continue;
+      }
       slot->device.Release();
       slot->host.Release();
       cudaEventDestroy(slot->finished);
@@ -155,8 +172,12 @@ Live::~Live() {
     }
     slots_.clear();
     free_slots_.clear();
+    if (in_flight) {
+      for (auto& [p, buffer] : buffers_) buffer.release();  // a snapshot may still write them
+    }
     buffers_.clear();  // each frees its memory and uncharges the cap
   }
+  if (in_flight) return;  // segments, events and buffers leaked with the slot
   for (rvd_ipc_segment* s : segments) CloseSegment(s);
   for (cudaEvent_t e : events) DestroyEvent(e);
 }
