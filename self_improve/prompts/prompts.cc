@@ -92,6 +92,8 @@ const char* PromptFileName(PromptTemplate t) {
       return "verify_correctness.md";
     case PromptTemplate::kCompileError:
       return "compile_error.md";
+    case PromptTemplate::kWrongAnswer:
+      return "wrong_answer.md";
   }
   return "";
 }
@@ -311,6 +313,12 @@ absl::StatusOr<std::string> CompileErrorPrompt(const CandidateRequest& r) {
   }
   return RenderPrompt(PromptText(PromptTemplate::kCompileError),
                       {{"arch", r.target.arch}, {"compile_log", log}, {"signature", r.signature}});
+}
+
+absl::StatusOr<std::string> WrongAnswerPrompt(const CandidateRequest& r,
+                                              absl::string_view error) {
+  return RenderPrompt(PromptText(PromptTemplate::kWrongAnswer),
+                      {{"error", std::string(error)}, {"signature", r.signature}});
 }
 
 }  // namespace rvd::tune

@@ -1,7 +1,8 @@
 // The LLM generators' prompts (self_improve/prompts/): seed 000's three
 // templates (analyze_bottleneck.md, suggest_optimization.md with the
 // technique menu, verify_correctness.md, the self-review before compiling),
-// the compile-error follow-up and the system prompt, compiled in; and their
+// the compile-error and wrong-answer follow-ups and the system prompt,
+// compiled in; and their
 // assembly from a CandidateRequest: the target, the profile, the
 // bottleneck, the signature to keep, the history.
 //
@@ -31,6 +32,7 @@ enum class PromptTemplate {
   kSuggestOptimization,  // suggest_optimization.md
   kVerifyCorrectness,    // verify_correctness.md
   kCompileError,         // compile_error.md
+  kWrongAnswer,          // wrong_answer.md
 };
 const char* PromptFileName(PromptTemplate t);
 // The template's text as compiled in.
@@ -67,6 +69,9 @@ absl::StatusOr<std::string> VerifyCorrectnessPrompt(const CandidateRequest& requ
                                                     absl::string_view candidate);
 // The retry's follow-up: request.compile_log for request.target.arch.
 absl::StatusOr<std::string> CompileErrorPrompt(const CandidateRequest& request);
+// The follow-up to a reply without a usable kernel: what was wrong with it.
+absl::StatusOr<std::string> WrongAnswerPrompt(const CandidateRequest& request,
+                                              absl::string_view error);
 
 }  // namespace rvd::tune
 

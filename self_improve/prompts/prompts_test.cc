@@ -22,7 +22,8 @@ using ::testing::Not;
 constexpr PromptTemplate kAll[] = {PromptTemplate::kSystem, PromptTemplate::kAnalyzeBottleneck,
                                    PromptTemplate::kSuggestOptimization,
                                    PromptTemplate::kVerifyCorrectness,
-                                   PromptTemplate::kCompileError};
+                                   PromptTemplate::kCompileError,
+                                   PromptTemplate::kWrongAnswer};
 
 std::string ReadSource(const std::string& path) {
   std::ifstream in(std::string(RVD_SOURCE_DIR) + "/" + path, std::ios::binary);
@@ -186,6 +187,14 @@ TEST(PromptsTest, CompileErrorCutsALongLog) {
   EXPECT_THAT(*p, HasSubstr("identifier \"x\" is undefined"));
   EXPECT_THAT(*p, HasSubstr("more characters cut"));
   EXPECT_LT(p->size(), 9000u);
+}
+
+TEST(PromptsTest, WrongAnswerSaysWhatWasWrong) {
+  absl::StatusOr<std::string> p =
+      WrongAnswerPrompt(Request(), "the reply has no fenced code block");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(*p, HasSubstr("the reply has no fenced code block"));
+  EXPECT_THAT(*p, HasSubstr(kCandidateSignature));
 }
 
 TEST(PromptsTest, ProfileWithoutTimingOrNcu) {

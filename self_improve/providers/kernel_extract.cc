@@ -322,7 +322,7 @@ absl::StatusOr<std::string> ExtractKernelSource(absl::string_view reply,
   }
   if (options.truncated && (chosen == nullptr || !chosen->closed) && open_at_end) {
     return WithLlmErrorKind(
-        absl::OutOfRangeError("the reply stopped at max_tokens inside its code block: raise "
+        absl::ResourceExhaustedError("the reply stopped at max_tokens inside its code block: raise "
                               "max_tokens or ask for a shorter kernel"),
         LlmErrorKind::kTruncated);
   }

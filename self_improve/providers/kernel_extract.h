@@ -37,7 +37,8 @@ struct KernelExtractOptions {
 // cuda, cu, cuh, c++, cpp, cxx, cc, c, h, hpp) that defines the entry once.
 // Errors, INVALID_ARGUMENT with an LlmErrorKind (llm_provider.h):
 //   kNoCode       no fenced code block (a prose answer, a refusal in words)
-//   kTruncated    OUT_OF_RANGE: the reply stopped at max_tokens inside the block
+//   kTruncated    RESOURCE_EXHAUSTED: the reply stopped at max_tokens inside the
+//                 block (never OUT_OF_RANGE, which a Generator keeps for "exhausted")
 //   kWrongKernel  no block defines the entry; its signature changed (the
 //                 message quotes both); defined twice; a second __global__
 //                 function; host code (a <<<...>>> launch, the CUDA runtime's

@@ -171,7 +171,7 @@ TEST(KernelExtractTest, CutInsideTheBlockIsTruncated) {
   o.truncated = true;
   const std::string cut = absl::StrCat("```cuda\n", std::string(kKernel).substr(0, 300));
   const absl::Status s = Error(cut, o);
-  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(LlmErrorKindOf(s), LlmErrorKind::kTruncated);
   // Cut after the block closed: the kernel is whole.
   EXPECT_TRUE(ExtractKernelSource(absl::StrCat(Fenced(kKernel), "Notes: the ker"), o).ok());
