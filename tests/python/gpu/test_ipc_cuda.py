@@ -74,9 +74,10 @@ def train(model, mon, opt, steps, lr_of, write_after_notify=False, policy=None,
     w0 = next(model.parameters())
     x = torch.randn(16, HIDDEN, device=w0.device, dtype=w0.dtype)
     decisions = []
-    for n in range(1, steps + 1):
+    for i in range(1, steps + 1):
+        n = mon.steps + 1  # the step this iteration notifies
         for g in opt.param_groups:
-            g["lr"] = lr_of(n)
+            g["lr"] = lr_of(i)
         opt.zero_grad()
         model(x).float().pow(2).mean().backward()
         if busy_cycles:
@@ -96,9 +97,9 @@ def train(model, mon, opt, steps, lr_of, write_after_notify=False, policy=None,
                 policy.measured(n, checker.kept[n])
             decisions.append((n, expected, border, got, delta))
         checker.check()
-    if last_measured is not None:
-        assert checker.wait_for_step(last_measured, 10.0), \
-            f"no measurement of step {last_measured}"
+    if last_measured is not None:  # relative to this run's first step
+        last = mon.steps - steps + last_measured
+        assert checker.wait_for_step(last, 10.0), f"no measurement of step {last}"
     else:
         time.sleep(0.3)
     checker.check()
