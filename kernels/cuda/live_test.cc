@@ -833,6 +833,9 @@ TEST_F(LiveTest, FinishIsCancellableAndTheSlotIsNotReusedEarly) {
   Snapshot(Items(a, &b), nullptr, nullptr, &d2, &l2);  // reuses slots once idle
   EXPECT_EQ(Mismatches(a, 0), 0);
   for (double d : d2) EXPECT_EQ(d, 0.0);  // the same weights: exactly no change
+  // The cancelled snapshot's copy into `a` must end before `a` is freed
+  // (the caller's fence, live.h).
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   cudaEventDestroy(held);
   CloseAll();
 }
