@@ -22,7 +22,11 @@
 //              stream). snapshot_finish polls the slot's event (and the
 //              cancel flag), reads the sums and gives the slot back. A slot
 //              is reused only once its event has completed, so a cancelled
-//              snapshot's work in flight never meets the next one's.
+//              snapshot's work in flight never meets the next one's. That
+//              work may still be queued behind `wait` after the cancelled
+//              finish returns: the caller frees its dst and last buffers
+//              and closes the segments it reads only once it has ended
+//              (rvd's `done` event has completed), as for any buffer in use.
 //
 // Every failed CUDA call becomes a Status by cuda_check.h's rules (counted,
 // sticky errors mark the device lost), except that the failure of opening a
