@@ -6,7 +6,7 @@
 //
 // The work is cut into tiles (about kSnapshotTileBytes of source each); one
 // block computes a tile and writes its two partial sums to the tile's slot,
-// then one thread per item adds its tiles' partials in tile order. No float
+// then a warp per item adds its tiles' partials in a fixed order. No float
 // atomics: the same inputs give the same bits.
 //
 // Host planning (PlanSnapshot: validation, tiles, the descriptors) is plain
@@ -86,7 +86,8 @@ absl::StatusOr<SnapshotPlan> PlanSnapshot(absl::Span<const rvd_snapshot_item> it
 cudaError_t LaunchSnapshotCopy(const SnapshotDesc* items, int n, int64_t tiles,
                                double* partials, int max_sms, cudaStream_t stream);
 // Queues the sums: sums[2 * i], [2 * i + 1] = item i's tiles' partials,
-// added in tile order.
+// added in a fixed order (lane l of the item's warp: tiles l, l + 32, ...;
+// then the lanes by the xor tree).
 cudaError_t LaunchSnapshotSums(const SnapshotDesc* items, int n, const double* partials,
                                double* sums, cudaStream_t stream);
 
