@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -216,8 +217,11 @@ std::vector<float> Gaussian(std::mt19937_64& rng, size_t n) {
 }
 
 TEST(ComputeActivationStatsTest, MatchesTheOracleInRequestOrder) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  // RVD_TEST_SEED=<printed seed> replays the inputs.
+  const char* env = std::getenv("RVD_TEST_SEED");
+  const uint64_t seed = env != nullptr ? std::strtoull(env, nullptr, 10) : std::random_device{}();
+  std::printf("replay: RVD_TEST_SEED=%llu activations_test\n",
+              static_cast<unsigned long long>(seed));
   SCOPED_TRACE(absl::StrCat("seed ", seed));
   std::mt19937_64 rng(seed);
   std::unique_ptr<Engine> engine = NewCpuEngine(2);
