@@ -148,10 +148,21 @@ std::optional<double> Lookup(const NcuLaunch& launch, absl::string_view name,
   return std::nullopt;
 }
 
+// `printed` (ncu's demangled name: "rvd_tune_candidate", "void
+// ns::K<256>(float *)") names the function `name`: bare or after a
+// namespace qualification, followed by nothing, its template arguments or
+// its parameters.
 bool KernelNameIs(absl::string_view printed, absl::string_view name) {
   absl::ConsumePrefix(&printed, "void ");
-  if (!absl::ConsumePrefix(&printed, name)) return false;
-  return printed.empty() || printed[0] == '(' || printed[0] == '<';
+  const size_t at = printed.find(name);
+  if (at == absl::string_view::npos) return false;
+  const absl::string_view qualifier = printed.substr(0, at);
+  if (!qualifier.empty() && (!absl::EndsWith(qualifier, "::") ||
+                             qualifier.find_first_of("(< ") != absl::string_view::npos)) {
+    return false;
+  }
+  const absl::string_view rest = printed.substr(at + name.size());
+  return rest.empty() || rest[0] == '(' || rest[0] == '<';
 }
 
 }  // namespace

@@ -77,8 +77,10 @@ const std::vector<std::string>& NcuMetricNames();
 // issued instruction over all warp cycles per issued instruction.
 NcuMetrics ToNcuMetrics(const NcuLaunch& launch);
 
-// The median of each field over the launches whose kernel name is
-// `kernel_name` (ncu prints an extern "C" name bare), or NOT_FOUND naming
+// The median of each field over the launches of the function
+// `kernel_name` (ncu prints an extern "C" name bare, a C++ kernel's with
+// its namespaces, template arguments and parameters: "FusedKernel" names
+// "void rvd::cuda::FusedKernel<8>(const float *)"), or NOT_FOUND naming
 // the kernels the report has.
 absl::StatusOr<NcuMetrics> SummarizeLaunches(const NcuReport& report,
                                              absl::string_view kernel_name);

@@ -78,6 +78,9 @@ TEST(NcuCsvTest, SummaryIsTheMedianOfTheCandidatesLaunches) {
   absl::StatusOr<NcuMetrics> fin = SummarizeLaunches(*r, "rvd::cuda::FinalizeKernel<float>");
   ASSERT_TRUE(fin.ok()) << fin.status();
   EXPECT_THAT(fin->l2_hit_rate_pct, Optional(90.0));
+  EXPECT_TRUE(SummarizeLaunches(*r, "FinalizeKernel").ok());  // namespaces and templates
+  EXPECT_FALSE(SummarizeLaunches(*r, "Kernel").ok());
+  EXPECT_FALSE(SummarizeLaunches(*r, "float").ok());
   absl::StatusOr<NcuMetrics> none = SummarizeLaunches(*r, "rvd_tune");
   EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(none.status().message()), HasSubstr("rvd_tune_candidate"));
