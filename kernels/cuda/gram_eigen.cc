@@ -10,8 +10,9 @@
 // Then cuSOLVER dsyevd, eigenvalues only, ascending. Device memory: the
 // Gram, dsyevd's workspace and one chunk (in float64, and for a host
 // matrix in its dtype), the chunk sized so that it stays within the
-// context's budget beside the Gram. A Gram that does not fit the cap is
-// RESOURCE_EXHAUSTED. The cancellation flag is looked at before each chunk.
+// context's budget beside the Gram. A Gram that does not fit the cap, even
+// after the idle contexts gave their buffers back, is RESOURCE_EXHAUSTED.
+// The cancellation flag is looked at before each chunk.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <cusolverDn.h>
@@ -81,14 +82,25 @@ absl::Status CudaEngine::GramEigenvaluesOn(const MatrixView& m, bool device_memo
   const uint64_t o_flags = l.Add(2 * sizeof(int));
   const uint64_t o_x = l.Add(static_cast<uint64_t>(n) * kc * sizeof(double));
   const uint64_t o_ws = l.size();
-  if (absl::Status s = ctx->work.Reserve(*cap_, o_ws, stream); !s.ok()) return s;
+  // Over the cap, the idle contexts' buffers are given back once and the
+  // reservation tried again (as the PR path does).
+  bool trimmed = false;
+  const auto reserve = [&](DeviceBuffer& buffer, uint64_t bytes) {
+    absl::Status s = buffer.Reserve(*cap_, bytes, stream);
+    if (s.code() == absl::StatusCode::kResourceExhausted && !trimmed) {
+      trimmed = true;
+      if (TrimIdleContexts()) s = buffer.Reserve(*cap_, bytes, stream);
+    }
+    return s;
+  };
+  if (absl::Status s = reserve(ctx->work, o_ws); !s.ok()) return s;
   int lwork = 0;
   RVD_CUDA_RETURN_IF_ERROR(cusolverDnDsyevd_bufferSize(
       ctx->cusolver, CUSOLVER_EIG_MODE_NOVECTOR, CUBLAS_FILL_MODE_LOWER, static_cast<int>(n),
       At<double>(ctx->work.data(), o_g), static_cast<int>(n), At<double>(ctx->work.data(), o_w),
       &lwork));
-  if (absl::Status s = ctx->work.Reserve(
-          *cap_, o_ws + static_cast<uint64_t>(std::max(lwork, 1)) * sizeof(double), stream);
+  if (absl::Status s =
+          reserve(ctx->work, o_ws + static_cast<uint64_t>(std::max(lwork, 1)) * sizeof(double));
       !s.ok()) {
     return s;
   }
@@ -98,8 +110,7 @@ absl::Status CudaEngine::GramEigenvaluesOn(const MatrixView& m, bool device_memo
   int* const flags = At<int>(w, o_flags);
   double* const x = At<double>(w, o_x);
   if (!device_memory) {
-    if (absl::Status s = ctx->input.Reserve(*cap_, static_cast<uint64_t>(n) * kc * es, stream);
-        !s.ok()) {
+    if (absl::Status s = reserve(ctx->input, static_cast<uint64_t>(n) * kc * es); !s.ok()) {
       return s;
     }
   }
