@@ -595,3 +595,56 @@ def test_gpu_harness_on_cpu(monkeypatch, stale):
     assert [r.step for r in mon.history] == measured
     assert {"first", "interval", "delta"} <= {r.trigger for r in mon.history}, \
         [(r.step, r.trigger) for r in mon.history]
+
+
+def test_rvd_gone_and_back_on_cpu(monkeypatch, caplog):
+    """The GPU test of an rvd killed mid-training, here against fake rvds
+    on one port: the trainer goes on while none answers (warnings, no
+    waits on the dead rvd's event), then registers with the next one and
+    its measurements (read from the weights) are exact."""
+    import pathlib
+    import sys
+    from concurrent import futures
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "gpu"))
+    import test_ipc_cuda as g
+    from rvdtest import free_port
+    log = Log()
+    fake_live.install(monkeypatch, log)
+    port = free_port()
+
+    def serve_on_port():
+        fake = FakeRvd(log, real=True)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        fake_live.rvd_pb2_grpc.add_RvdServicer_to_server(fake, server)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        server.start()
+        return fake, server
+
+    first, server = serve_on_port()
+    torch.manual_seed(1)
+    model = models.LlamaForCausalLM(layers=g.LAYERS, heads=g.HEADS, kv_heads=g.KV,
+                                    hidden=g.HIDDEN)
+    opt = fake_live.HookedAdamW(model.parameters(), log, lr=1e-4)
+    mon = rvd.RVMonitor(model, early_layers=g.EARLY, late_layers=g.LATE,
+                        mode="training", measurement_interval=2, transport="ipc",
+                        per_head=True,
+                        address=f"127.0.0.1:{port}", optimizer=opt, timeout=5)
+    try:
+        checker, _ = g.train(model, mon, opt, 6, lambda n: 1e-4, last_measured=5)
+        assert not checker.failures and [r.step for r in mon.history] == [1, 3, 5]
+        server.stop(0)
+        with caplog.at_level(logging.WARNING, logger="rvd"):
+            g.train(model, mon, opt, 4, lambda n: 1e-4)
+        assert "UNAVAILABLE" in caplog.text and not mon._link.registered
+        waits = sum(e == ("wait", "Er") for e in log)
+        second, server = serve_on_port()
+        mon._paused_until = 0.0
+        checker, _ = g.train(model, mon, opt, 8, lambda n: 1e-4, last_measured=8)
+        assert mon._link.registered and mon._link.registrations == 2
+        assert [r.header.step for r in second.registrations] == [11]
+        assert not checker.failures, checker.failures[:5]
+        assert [r.step for r in mon.history][3:] == [12, 14, 16, 18]
+        assert waits > 0 and sum(e == ("wait", "Er") for e in log) > waits
+    finally:
+        mon.close()
+        server.stop(0)

@@ -240,6 +240,8 @@ class LiveLink:
         self.on_response: Optional[Callable] = None
         # step -> (snapshot, reason) of the newest ANSWERS_KEPT answers
         self.answers: Dict[int, tuple] = {}
+        # before_register(registrations so far), before each RegisterLiveModel
+        self.before_register: Optional[Callable] = None
 
     # ---- registration -----------------------------------------------------
 
@@ -248,6 +250,8 @@ class LiveLink:
         device is synchronized first, since rvd may read them at once
         (inference mode measures at registration)."""
         self.cuda.synchronize()
+        if self.before_register is not None:
+            self.before_register(self.registrations)
         self.request.header.step = int(step)
         r = self.client._unary("RegisterLiveModel", self.request, self.timeout)
         if r.rvd_event_handle != self._er_handle:

@@ -665,6 +665,7 @@ class RVMonitor:
         self._link = ipc.LiveLink(self.client, request, ipc.TorchCuda(device),
                                   self.timeout)
         self._link.on_response = self._on_response
+        self._link.before_register = self._before_register
         self.transport = "ipc"
         _live_monitors.add(self)
         self._register_ipc("registration", measure_on_refusal=False)
@@ -678,8 +679,6 @@ class RVMonitor:
         registration pending (tried again by step())."""
         link = self._link
         try:
-            if self._watch is None:
-                self._start_watch()
             response = link.register(self._step)
         except RvdError as e:
             if e.code_name in _IPC_REFUSALS:
@@ -711,6 +710,18 @@ class RVMonitor:
                      response.segments_mapped, response.segments_reused,
                      response.snapshot_bytes, response.lease_seconds)
         return True
+
+    def _before_register(self, registrations):
+        """Before each RegisterLiveModel: the watch starts (again) from rvd's
+        newest measurement of the model. Again: rvd may have restarted
+        without its log, numbering from 1, and a cursor from before would
+        skip the new rvd's first measurements."""
+        if self._watch is not None:
+            if registrations == 0:
+                return
+            self._watch.stop()
+            self._watch = None
+        self._start_watch()
 
     def _start_watch(self):
         """The watch of this model's measurements, from rvd's newest one

@@ -192,8 +192,25 @@ def test_auto_uses_ipc_on_the_cuda_rvd_and_copy_on_a_cpu_one(cuda_rvd, tmp_path,
         cpu.stop()
 
 
+def test_expandable_segments(cuda_rvd):
+    """'e' handles (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), in a
+    process of their own: exact measurements, or an error that names what
+    is missing (the descriptors' pidfd_getfd: same user or CAP_SYS_PTRACE)."""
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    r = subprocess.run([sys.executable, __file__, "--expandable", cuda_rvd.grpc_address],
+                       capture_output=True, text=True, timeout=180, env=env)
+    print(r.stdout[-3000:], r.stderr[-3000:])
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["handle_type"] == "e"
+    if "error" in out:
+        assert any(w in out["error"].lower() for w in ("pidfd", "ptrace", "expandable")), out
+    else:
+        assert out["measurements"] >= 5 and not out["failures"], out
+
+
 def test_rvd_killed_mid_training(tmp_path):
-    """SIGKILL of rvd: the trainer neither stops nor hangs (a watchdog
+    """(Last in the file: its watchdog ends the whole run.) SIGKILL of rvd: the trainer neither stops nor hangs (a watchdog
     dumps the stacks and exits after 120 s), and registers again with the
     next rvd on the same address, whose measurements are exact."""
     from daemons import start_daemon
@@ -205,7 +222,7 @@ def test_rvd_killed_mid_training(tmp_path):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     mon = rvd.RVMonitor(model, early_layers=EARLY, late_layers=LATE, mode="training",
                         measurement_interval=2, transport="ipc", address=address,
-                        optimizer=opt, timeout=5)
+                        optimizer=opt, timeout=5, per_head=True)
     try:
         train(model, mon, opt, 6, lambda n: 1e-4)
         d.stop(sig=signal.SIGKILL)
@@ -223,23 +240,6 @@ def test_rvd_killed_mid_training(tmp_path):
         mon.close()
         d.stop()
         faulthandler.cancel_dump_traceback_later()
-
-
-def test_expandable_segments(cuda_rvd):
-    """'e' handles (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), in a
-    process of their own: exact measurements, or an error that names what
-    is missing (the descriptors' pidfd_getfd: same user or CAP_SYS_PTRACE)."""
-    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
-    r = subprocess.run([sys.executable, __file__, "--expandable", cuda_rvd.grpc_address],
-                       capture_output=True, text=True, timeout=180, env=env)
-    print(r.stdout[-3000:], r.stderr[-3000:])
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["handle_type"] == "e"
-    if "error" in out:
-        assert any(w in out["error"].lower() for w in ("pidfd", "ptrace", "expandable")), out
-    else:
-        assert out["measurements"] >= 5 and not out["failures"], out
 
 
 def _expandable_child(address):
