@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -589,7 +590,7 @@ class LiveTest : public ::testing::Test {
 
   // Mismatching bytes between tensor k's dst and Image(seed_, step).
   int64_t Mismatches(const std::vector<void*>& dst, int step) {
-    const std::vector<std::vector<uint8_t>> image = Image(seed_, step);
+    const std::vector<std::vector<uint8_t>>& image = ImageAt(step);
     const std::vector<TensorSpec> tensors = Tensors();
     int64_t bad = 0;
     for (size_t k = 0; k < tensors.size(); ++k) {
@@ -603,7 +604,8 @@ class LiveTest : public ::testing::Test {
 
   void ExpectSums(const std::vector<double>& d2, const std::vector<double>& l2, int step,
                   int last_step) {
-    const std::vector<std::vector<uint8_t>> now = Image(seed_, step), last = Image(seed_, last_step);
+    const std::vector<std::vector<uint8_t>>& now = ImageAt(step);
+    const std::vector<std::vector<uint8_t>>& last = ImageAt(last_step);
     const std::vector<TensorSpec> tensors = Tensors();
     for (size_t k = 0; k < tensors.size(); ++k) {
       const auto [want_d2, want_l2] =
@@ -681,6 +683,14 @@ class LiveTest : public ::testing::Test {
     CloseAll();
   }
 
+  // Image(seed_, step), made once per test (the 7B layer takes a while).
+  const std::vector<std::vector<uint8_t>>& ImageAt(int step) {
+    auto it = images_.find(step);
+    if (it == images_.end()) it = images_.emplace(step, Image(seed_, step)).first;
+    return it->second;
+  }
+
+  std::map<int, std::vector<std::vector<uint8_t>>> images_;
   const rvd_cuda_module* module_ = nullptr;
   const rvd_cuda_live* live_ = nullptr;
   rvd_cuda_engine* engine_ = nullptr;
