@@ -184,13 +184,13 @@ class FakeGenerator final : public Generator {
  public:
   struct Answer {
     absl::StatusOr<Candidate> candidate;
-    std::function<void()> hook;
+    std::function<void(const CandidateRequest&)> hook;  // runs before it is returned
   };
   void Add(const std::string& key, double seconds, const std::string& flags = "") {
     absl::MutexLock lock(&mu_);
     answers_.push_back({Candidate{FakeSource(key, seconds, flags), key + ": fake"}, nullptr});
   }
-  void AddError(absl::Status s, std::function<void()> hook = nullptr) {
+  void AddError(absl::Status s, std::function<void(const CandidateRequest&)> hook = nullptr) {
     absl::MutexLock lock(&mu_);
     answers_.push_back({std::move(s), std::move(hook)});
   }
@@ -204,7 +204,7 @@ class FakeGenerator final : public Generator {
       a = std::move(answers_.front());
       answers_.pop_front();
     }
-    if (a.hook) a.hook();
+    if (a.hook) a.hook(request);
     return a.candidate;
   }
   std::vector<CandidateRequest> requests() const {

@@ -246,7 +246,7 @@ TEST(TuneLoopTest, CancelStopsAtTheNextStep) {
   Rig rig;
   rig.gen.Add("a", 0.9e-3);
   rig.gen.AddError(absl::CancelledError("cancelled while waiting"),
-                   [&rig] { rig.cancelled.store(true); });
+                   [&rig](const CandidateRequest&) { rig.cancelled.store(true); });
   rig.gen.Add("never", 0.1e-3);
   absl::StatusOr<LoopOutcome> out = rig.Run();
   ASSERT_TRUE(out.ok()) << out.status();
