@@ -9,7 +9,8 @@
 // same matrices. A small device cap makes the long side go in several
 // chunks. The gate must fail on a matrix whose last chunk of the long side
 // is zeroed (what a dropped chunk computes); errors: NaN/Inf, a bad dtype,
-// a cancelled call, a Gram over the cap. Without a GPU every test skips.
+// a cancelled call, a Gram over the cap; and a timing line. Without a GPU
+// every test skips.
 //
 // Every test prints the seed of its inputs: RVD_TEST_SEED=<seed>
 // cuda_gram_eigen_test --gtest_filter=<test> replays it.
@@ -17,6 +18,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -25,6 +27,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -208,6 +211,35 @@ TEST_F(CudaGramEigenTest, TheGateCatchesADroppedChunk) {
   const std::vector<double> got = Eigen(e, cut.view, RVD_MEMORY_HOST, &code);
   ASSERT_EQ(code, 0);
   EXPECT_GT(CheckGramEigenvalues(got, *sv, cols).result.mismatches, 0);
+}
+
+// Not a gate, a measurement: the time of one call (median of 5, host
+// memory, after a warm-up) at a typical activation (2048 tokens x 1024
+// features, bf16) and at the side limit (4096 x 4096 f32), for the docs.
+TEST_F(CudaGramEigenTest, TimingLine) {
+  rvd_cuda_engine* e = Create();
+  ASSERT_NE(e, nullptr);
+  for (const auto& [rows, cols, dt] : std::vector<std::tuple<int64_t, int64_t, DType>>{
+           {2048, 1024, DType::kBF16}, {4096, 4096, DType::kF32}}) {
+    const StoredMatrix m = Store(MakeMatrix(rng_, rows, cols, Spectrum::kGaussian, 1.0), rows,
+                                 cols, dt, 0, "timing");
+    std::vector<double> ms;
+    std::vector<double> got;
+    for (int run = 0; run < 6; ++run) {
+      int32_t code = -1;
+      const auto t0 = std::chrono::steady_clock::now();
+      got = Eigen(e, m.view, RVD_MEMORY_HOST, &code);
+      const auto t1 = std::chrono::steady_clock::now();
+      ASSERT_EQ(code, 0);
+      if (run > 0) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    for (size_t i = 1; i < got.size(); ++i) ASSERT_LE(got[i - 1], got[i]);
+    EXPECT_GT(got.back(), 0.0);
+    std::printf("gram_eigenvalues %lldx%lld %s: %.2f ms median of 5 (min %.2f, max %.2f)\n",
+                static_cast<long long>(rows), static_cast<long long>(cols), DTypeName(dt),
+                ms[2], ms.front(), ms.back());
+  }
 }
 
 TEST_F(CudaGramEigenTest, Errors) {
