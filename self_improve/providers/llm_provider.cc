@@ -48,6 +48,19 @@ absl::string_view UrlHost(absl::string_view url) {
   return url.substr(0, url.find(':'));
 }
 
+// `url` for a log line or a status: no user:password@, no query.
+std::string LoggableUrl(absl::string_view url) {
+  url = url.substr(0, url.find_first_of("?#"));
+  const size_t scheme = url.find("://");
+  const size_t at = url.find('@');
+  const size_t path = url.find('/', scheme == absl::string_view::npos ? 0 : scheme + 3);
+  if (scheme == absl::string_view::npos || at == absl::string_view::npos ||
+      (path != absl::string_view::npos && at > path)) {
+    return std::string(url);
+  }
+  return absl::StrCat(url.substr(0, scheme + 3), url.substr(at + 1));
+}
+
 bool IsLoopback(absl::string_view host) {
   return host == "localhost" || host == "[::1]" || absl::StartsWith(host, "127.");
 }
@@ -181,7 +194,7 @@ class HttpLlmProvider : public LlmProvider {
       if (text.empty()) text = response->body;
       return HttpStatusError(
           response->status, absl::StrCat("llm ", Name(), ": HTTP ", response->status, " from ",
-                                         url_, ": ", Excerpt(text)));
+                                         LoggableUrl(url_), ": ", Excerpt(text)));
     }
     if (body.is_discarded()) {
       return WithLlmErrorKind(
@@ -329,7 +342,7 @@ absl::StatusOr<std::unique_ptr<LlmProvider>> NewLlmProvider(
     }
   }
   std::string url = absl::StrCat(base, protocol->Path());
-  spdlog::info("llm: {} provider, model {}, POST {}, key {}", name, config.model, url,
+  spdlog::info("llm: {} provider, model {}, POST {}, key {}", name, config.model, LoggableUrl(url),
                key_env.empty() ? std::string("none") : absl::StrCat("from $", key_env));
   if (transport == nullptr) transport = NewCurlTransport();
   return std::make_unique<HttpLlmProvider>(config, std::move(protocol), std::move(url),

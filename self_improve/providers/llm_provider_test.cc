@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "nlohmann/json.hpp"
 #include "self_improve/providers/scripted_http_server.h"
@@ -485,6 +486,18 @@ TEST(LlmConfigTest, NoKeyOverPlainHttpToAnotherHost) {
   EXPECT_TRUE(NewLlmProvider(c).ok());
   c.base_url = "http://localhost:8000/v1";
   EXPECT_TRUE(NewLlmProvider(c).ok());
+}
+
+TEST_P(ProviderTest, UrlCredentialsAreNotLogged) {
+  server_.Enqueue(Answer(R"({"error": "nope"})", 500));
+  LlmConfig c = Config();
+  c.base_url = absl::StrReplaceAll(c.base_url, {{"http://", "http://user:hunter2@"}});
+  c.max_attempts = 1;
+  const absl::Status s = Fails(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(std::string(s.message()), Not(HasSubstr("hunter2")));
+  EXPECT_THAT(log_.str(), Not(HasSubstr("hunter2")));
+  EXPECT_THAT(log_.str(), HasSubstr("POST http://127.0.0.1:"));
 }
 
 TEST(LlmConfigTest, BadValues) {
