@@ -223,6 +223,12 @@ const KeyReader kKeys[] = {
     {"max_watchers", &Config::max_watchers,
      "WatchMeasurements streams at once; more are refused "
      "(RESOURCE_EXHAUSTED); 0: none"},
+    {"max_live_models", &Config::max_live_models,
+     "live models (RegisterLiveModel) registered at once; more are refused "
+     "(RESOURCE_EXHAUSTED)"},
+    {"live_lease_seconds", &Config::live_lease_seconds,
+     "a live model no RegisterLiveModel or NotifyStep names for this long is "
+     "released (>= 1; a request's lease_seconds overrides it)"},
     {"max_metric_series", &Config::max_metric_series,
      "per-layer and per-head PR series /metrics exports, all models "
      "together; the overflow is counted in rvd_series_dropped_total"},
@@ -441,6 +447,9 @@ absl::Status ValidateConfig(const Config& config) {
   }
   if (config.max_models < 1) {
     errors.push_back("config key 'max_models': must be >= 1");
+  }
+  if (config.live_lease_seconds < 1) {
+    errors.push_back("config key 'live_lease_seconds': must be >= 1");
   }
   if (absl::StatusOr<StoreOptions> sync = ParseStoreSync(config.store_sync);
       !sync.ok()) {

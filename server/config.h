@@ -35,6 +35,12 @@ struct Config {
   uint32_t history_capacity = 1000;     // measurements kept per model
   uint32_t max_models = 10000;          // distinct model ids kept
   uint32_t max_watchers = 64;  // WatchMeasurements streams at once (0: none)
+  // Live models (RegisterLiveModel) registered at once; more:
+  // RESOURCE_EXHAUSTED.
+  uint32_t max_live_models = 64;
+  // A live model no call names for this long is released (NotifyStep and
+  // RegisterLiveModel renew it; a request's lease_seconds overrides it).
+  uint32_t live_lease_seconds = 600;
   // rvd_participation_ratio(_head) series exported, all models together.
   uint64_t max_metric_series = 100000;
   int engine_threads = 0;               // CPU engine threads; 0: one per core

@@ -23,6 +23,8 @@
 #include "server/durable_history.h"
 #include "server/engine_health.h"
 #include "server/history.h"
+#include "server/live_metrics.h"
+#include "server/live_registry.h"
 #include "server/metrics.h"
 #include "server/metrics_http.h"
 #include "server/request_metrics.h"
@@ -75,6 +77,19 @@ class ServerImpl final : public Server {
                                absl::Seconds(config.stream_idle_timeout_seconds)}) {
     service_.set_store(store_);
     if (store_ != nullptr) store_metrics_ = std::make_shared<StoreMetrics>(store_);
+    LiveOptions live;
+    live.max_live_models = config.max_live_models;
+    live.default_lease = absl::Seconds(config.live_lease_seconds);
+    live.max_request_bytes = config.max_request_bytes;
+    live.default_variant = config.default_variant;
+    live_ = std::make_unique<LiveRegistry>(
+        *engine_, pool_, live,
+        [this](rvd::v1::Measurement m) { return service_.RecordLiveMeasurement(std::move(m)); });
+    service_.set_live(live_.get());
+    live_metrics_ = std::make_shared<LiveMetrics>(live_.get());
+    spdlog::info("live models: {}", engine_->Live() != nullptr
+                                        ? "served (CUDA IPC on the engine's device)"
+                                        : "not served (this backend reads no GPU memory)");
   }
 
   // With the durable store: the index and metrics as they were (at start).
@@ -138,6 +153,7 @@ class ServerImpl final : public Server {
       exposer_ = *std::move(exposer);
       if (store_metrics_ != nullptr) exposer_->RegisterCollectable(store_metrics_);
       if (watch_metrics_ != nullptr) exposer_->RegisterCollectable(watch_metrics_);
+      exposer_->RegisterCollectable(live_metrics_);
     }
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -204,6 +220,9 @@ class ServerImpl final : public Server {
         grpc_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
         grpc_->Wait();
       }
+      // No call reaches the registry any more: release every live model
+      // (its snapshots finished, mappings closed) before the engine goes.
+      live_->Stop();
       exposer_.reset();
     });
   }
@@ -257,6 +276,9 @@ class ServerImpl final : public Server {
   std::unique_ptr<CheckpointReader> checkpoints_;  // MeasurePath's, the watcher's
   std::unique_ptr<CheckpointWatcher> watcher_;     // null: no watch section
   std::shared_ptr<WatchMetrics> watch_metrics_;    // null without a watcher
+  // Last: stopped and gone before the service, pool, history and engine it uses.
+  std::unique_ptr<LiveRegistry> live_;
+  std::shared_ptr<LiveMetrics> live_metrics_;  // reads live_
   int port_ = 0;
   std::string security_;  // ServerSecurity::description, for the log
   std::once_flag shutdown_once_;

@@ -196,6 +196,61 @@ grpc::Status RvdService::Measure(grpc::ServerContext* context,
   return Finish(Run(context, request->header(), data, response));
 }
 
+absl::StatusOr<MeasurementLog::Entry> RvdService::RecordLiveMeasurement(Measurement m) {
+  absl::StatusOr<MeasurementLog::Entry> stored = history_.Add(std::move(m));
+  if (!stored.ok()) return stored;
+  const Measurement& e = **stored;
+  metrics_.RecordMeasurement(e);
+  spdlog::info(
+      "measured model={} step={} seq={} rv={} layers={} variant={} backend={} engine={} "
+      "origin=live snapshot_ms={:.3f} elapsed_ms={:.3f}",
+      LogEscape(e.model_id()), e.step(), e.sequence(),
+      e.has_rv() ? absl::StrCat(e.rv()) : "absent", e.layers_size(), LogEscape(e.variant()),
+      e.backend(), e.engine_version(), e.receive_ms(), e.elapsed_ms());
+  return stored;
+}
+
+grpc::Status RvdService::RegisterLiveModel(grpc::ServerContext* context,
+                                           const rvd::v1::RegisterLiveModelRequest* request,
+                                           rvd::v1::RegisterLiveModelResponse* response) {
+  if (live_ == nullptr) return Finish(absl::UnimplementedError("rvd serves no live models"));
+  absl::StatusOr<rvd::v1::RegisterLiveModelResponse> r =
+      live_->Register(*request, Deadline(context));
+  if (!r.ok()) return Finish(r.status());
+  *response = *std::move(r);
+  spdlog::info(
+      "live registered model={} producer={} tensors={} segments={} reused={} "
+      "snapshot_bytes={} lease_s={} mode={}",
+      LogEscape(request->header().model_id()), request->producer_pid(),
+      request->tensors_size(), response->segments_mapped(), response->segments_reused(),
+      response->snapshot_bytes(), response->lease_seconds(),
+      rvd::v1::TriggerPolicy::Mode_Name(request->policy().mode()));
+  return grpc::Status::OK;
+}
+
+grpc::Status RvdService::UnregisterLiveModel(grpc::ServerContext*,
+                                             const rvd::v1::UnregisterLiveModelRequest* request,
+                                             rvd::v1::UnregisterLiveModelResponse*) {
+  if (live_ == nullptr) return Finish(absl::UnimplementedError("rvd serves no live models"));
+  if (absl::Status s = live_->Unregister(request->model_id()); !s.ok()) return Finish(s);
+  spdlog::info("live unregistered model={}", LogEscape(request->model_id()));
+  return grpc::Status::OK;
+}
+
+grpc::Status RvdService::NotifyStep(grpc::ServerContext*, const rvd::v1::NotifyStepRequest* request,
+                                    rvd::v1::NotifyStepResponse* response) {
+  if (live_ == nullptr) return Finish(absl::UnimplementedError("rvd serves no live models"));
+  absl::StatusOr<rvd::v1::NotifyStepResponse> r = live_->Notify(*request);
+  if (!r.ok()) return Finish(r.status());
+  *response = *std::move(r);
+  // Every training step calls this: debug, not info (the measurements it
+  // leads to are logged at info).
+  spdlog::debug("live notify model={} step={} snapshot={} reason={}",
+                LogEscape(request->model_id()), request->step(), response->snapshot(),
+                response->reason());
+  return grpc::Status::OK;
+}
+
 grpc::Status RvdService::MeasureActivations(grpc::ServerContext* context,
                                             const rvd::v1::MeasureActivationsRequest* request,
                                             rvd::v1::MeasureActivationsResponse* response) {

@@ -19,6 +19,7 @@
 #include "server/cancel_watch.h"
 #include "server/compute_pool.h"
 #include "server/history.h"
+#include "server/live_registry.h"
 #include "server/metrics.h"
 #include "server/sqlite_store.h"
 #include "server/stream_watchdog.h"
@@ -49,6 +50,13 @@ class RvdService final
   // The alert engine WatchAlerts streams read (null: UNAVAILABLE); set
   // before serving. StopWatches ends its streams too.
   void set_alerts(AlertEngine* alerts) { alerts_ = alerts; }
+
+  // The live models' registry (RegisterLiveModel, UnregisterLiveModel,
+  // NotifyStep; null: UNIMPLEMENTED); set before serving.
+  void set_live(LiveRegistry* live) { live_ = live; }
+  // Stores a live model's measurement as every other (history, /metrics,
+  // the log line): the registry's LiveRecorder.
+  absl::StatusOr<MeasurementLog::Entry> RecordLiveMeasurement(rvd::v1::Measurement m);
 
   // Cancels every measurement computing or queued, and every later one
   // (CANCELLED, nothing recorded): the engine calls stop at their next
@@ -90,6 +98,15 @@ class RvdService final
   // Activation statistics (activations.h): validated, then computed on the
   // compute pool like a measurement (an in-flight slot, the client's
   // deadline, the byte budget for the request's bytes); nothing is stored.
+  grpc::Status RegisterLiveModel(grpc::ServerContext* context,
+                                 const rvd::v1::RegisterLiveModelRequest* request,
+                                 rvd::v1::RegisterLiveModelResponse* response) override;
+  grpc::Status UnregisterLiveModel(grpc::ServerContext* context,
+                                   const rvd::v1::UnregisterLiveModelRequest* request,
+                                   rvd::v1::UnregisterLiveModelResponse* response) override;
+  grpc::Status NotifyStep(grpc::ServerContext* context,
+                          const rvd::v1::NotifyStepRequest* request,
+                          rvd::v1::NotifyStepResponse* response) override;
   grpc::Status MeasureActivations(grpc::ServerContext* context,
                                   const rvd::v1::MeasureActivationsRequest* request,
                                   rvd::v1::MeasureActivationsResponse* response) override;
@@ -160,6 +177,7 @@ class RvdService final
   // MeasurePath's reader (set before serving); null: FAILED_PRECONDITION.
   const CheckpointReader* checkpoints_ = nullptr;
   AlertEngine* alerts_ = nullptr;      // see set_alerts
+  LiveRegistry* live_ = nullptr;       // see set_live
 };
 
 }  // namespace rvd
