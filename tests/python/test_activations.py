@@ -213,3 +213,26 @@ def test_requests_are_logged_and_counted(daemon, seed):
              if l.startswith("rvd_request_duration_seconds_count{")
              and "MeasureActivations" in l and 'code="OK"' in l]
     assert calls and float(calls[0].split()[-1]) >= 1, calls
+
+
+def test_max_request_bytes_bounds_a_call(tmp_path):
+    from daemons import start_daemon
+
+    d = start_daemon(tmp_path, max_request_bytes=2048)
+    try:
+        model = models.LlamaForCausalLM(layers=2)
+        mon = rvd.VActivationMonitor(model, [0, 1], address=d.grpc_address, on_error="raise")
+        with torch.no_grad():
+            model(torch.randn(2, 6, 64))  # 2 x 1536 bytes
+        with pytest.raises(rvd.RvdError) as e:
+            mon.activation_stats
+        assert e.value.code_name == "RESOURCE_EXHAUSTED"
+        assert "3072 bytes exceed max_request_bytes (2048)" in e.value.details
+        mon.remove()
+        one = rvd.VActivationMonitor(model, [1], address=d.grpc_address, on_error="raise")
+        with torch.no_grad():
+            model(torch.randn(2, 6, 64))
+        assert [s.layer_idx for s in one.activation_stats] == [1]
+        one.remove()
+    finally:
+        d.stop()
