@@ -526,11 +526,14 @@ bool Applies(const Contender& v, DType dt, int64_t rows, int64_t cols) {
     return false;
   }
   if (v.v4_mode == fused_v4::kProbeChain1 && f32) return false;
-  // f32 of Gram side > 128 (paired tiles): the live kernel only (no probe
-  // instances; "v4-prev" from before the paired tiles would run v4's
-  // diagonal-only f32 code on them).
+  // f32 of Gram side > 128 (paired tiles): the live kernel and the probes
+  // without copies, without conversion, or without both (the only probe
+  // instances it has); not "v4-prev" (from before the paired tiles it would
+  // run v4's diagonal-only f32 code on them).
   if (f32 && std::min(rows, cols) > kFusedPolicyV4Sm90.block_tile &&
-      (v.v4_mode != fused_v4::kLive || v.prev)) {
+      (v.prev || (v.v4_mode != fused_v4::kLive && v.v4_mode != fused_v4::kProbeNoLoad &&
+                  v.v4_mode != fused_v4::kProbeNoConvert &&
+                  v.v4_mode != fused_v4::kProbeMmaOnly))) {
     return false;
   }
   // "v4-tri" where the engine would run it; the others (v4's square kernel)

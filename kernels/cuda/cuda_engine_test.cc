@@ -479,6 +479,15 @@ TEST_F(CudaEngineTest, HugeAndTinyMagnitudesFallBackExactly) {
     for (double& x : w) x *= scale;
     suite.push_back(Store(w, 64, 256, DType::kF32, 0, absl::StrCat("scale ", scale)));
   }
+  // f32 Grams of side > 128 (v4's paired tiles, each tile at its own scale
+  // and the products unscaled by (s t)^-1): out of range both ways, and
+  // near the limits but trusted (1e15: Gram entries near 1e33, whose
+  // squares overflow f32; 1e-12: squares that underflow).
+  for (double scale : {1e18, 1e-22, 1e15, 1e-12}) {
+    std::vector<double> w = MakeMatrix(rng_, 256, 1000, Spectrum::kPowerLaw);
+    for (double& x : w) x *= scale;
+    suite.push_back(Store(w, 256, 1000, DType::kF32, 0, absl::StrCat("scale ", scale)));
+  }
   // bf16 (fused v3 takes ||W||^2 from f32 Gram entries): entries that
   // overflow f32 (1e19, also at 128 x 4096: role code), squares that
   // underflow (1e-22), and a size near the limits (1e16: no overflow; the
@@ -639,6 +648,37 @@ TEST_F(CudaEngineTest, F32PairedTilesMatchOracle) {
         << suite[i].label << ": the paired-tile mutant went unnoticed (" << bad[i] << " vs "
         << ref[i] << ")";
   }
+}
+
+// The paired tiles under a cut last round: 3 jobs per 256 x 1000 matrix
+// (two diagonal, one off), a quarter round after three whole ones, so the
+// first jobs (diagonal and off-diagonal) run as K-pieces whose partial
+// Grams the block of the last piece adds up (CombinePieces). Exact, no
+// fallback, the same bits again.
+TEST_F(CudaEngineTest, F32PairedTilesCutLastRound) {
+  if (!V4Runs()) GTEST_SKIP() << "fused v4 needs compute capability 9.0";
+  cudaDeviceProp prop;
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  const int sms = prop.multiProcessorCount;
+  const int matrices = sms + sms / 12;
+  const FusedV4Plan plan = PlanFusedV4(3 * matrices, sms, FusedV4Slices(1000),
+                                       FusedV4TailPieces(FusedKernel::kV4, DType::kF32));
+  ASSERT_GT(plan.pieces, 1) << "the case must cut its last round";
+  std::vector<StoredMatrix> suite;
+  for (int i = 0; i < matrices; ++i) {
+    const Spectrum sp = kAllSpectra[i % 4];
+    suite.push_back(Store(MakeMatrix(rng_, 256, 1000, sp), 256, 1000, DType::kF32, 0,
+                          absl::StrCat(SpectrumName(sp), " #", i)));
+  }
+  const std::string what = absl::StrCat("f32 256x1000, the first ", plan.cut, " jobs cut in ",
+                                        plan.pieces);
+  const std::vector<double> ref = Oracle(suite);
+  std::vector<double> out;
+  ExpectExactWithoutFallback(suite, ref, what, &out);
+  if (HasFatalFailure()) return;
+  std::vector<double> again = Poisoned(suite.size());
+  ASSERT_TRUE(engine_->ComputePR(Views(suite), {}, absl::MakeSpan(again)).ok());
+  EXPECT_EQ(std::memcmp(out.data(), again.data(), out.size() * sizeof(double)), 0) << what;
 }
 
 // Fused v4 cuts the jobs of a last round that would leave SMs idle into

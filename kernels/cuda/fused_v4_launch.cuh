@@ -40,8 +40,10 @@ cudaError_t LaunchFusedV4T(const FusedV4Launch& l, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, float>) {
     if (l.triangle) return cudaErrorInvalidValue;
     if (l.pairs) {
-      // (The paired-tile kernel has the live and mutant instances only.)
-      if constexpr (kMode == kLive || kMode == kMutant) {
+      // (The paired-tile kernel's instances: live, mutant, and the probes
+      // that leave out its copies, its conversion or both.)
+      if constexpr (kMode == kLive || kMode == kMutant || kMode == kProbeNoLoad ||
+                    kMode == kProbeNoConvert || kMode == kProbeMmaOnly) {
         return LaunchFusedV4Shape<T, kMode, false, true>(l, stream);
       } else {
         return cudaErrorNotSupported;
