@@ -58,10 +58,6 @@ int OnProgress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
   return 0;
 }
 
-// The URL without its query (a status names the endpoint, never more).
-absl::string_view Endpoint(absl::string_view url) {
-  return url.substr(0, url.find_first_of("?#"));
-}
 
 class CurlTransport : public HttpTransport {
  public:
@@ -74,7 +70,7 @@ class CurlTransport : public HttpTransport {
     const absl::string_view url = request.url;
     if (!absl::StartsWith(url, "http://") && !absl::StartsWith(url, "https://")) {
       return absl::InvalidArgumentError(
-          absl::StrCat("http: not an http(s) URL: ", Endpoint(url)));
+          absl::StrCat("http: not an http(s) URL: ", LoggableUrl(url)));
     }
     CURL* curl = curl_easy_init();
     if (curl == nullptr) return absl::InternalError("http: curl_easy_init failed");
@@ -123,7 +119,7 @@ class CurlTransport : public HttpTransport {
     }
     // curl's own words; the error buffer names the host, never a header.
     const std::string what =
-        absl::StrCat(Endpoint(url), ": ", error[0] != 0 ? error : curl_easy_strerror(rc));
+        absl::StrCat(LoggableUrl(url), ": ", error[0] != 0 ? error : curl_easy_strerror(rc));
     switch (rc) {
       case CURLE_OPERATION_TIMEDOUT:
         return absl::DeadlineExceededError(absl::StrCat("http: timed out: ", what));
@@ -133,7 +129,7 @@ class CurlTransport : public HttpTransport {
       case CURLE_WRITE_ERROR:
         if (t.too_large) {
           return absl::ResourceExhaustedError(absl::StrCat(
-              "http: ", Endpoint(url), ": reply longer than ", t.max_bytes, " bytes"));
+              "http: ", LoggableUrl(url), ": reply longer than ", t.max_bytes, " bytes"));
         }
         break;
       case CURLE_COULDNT_RESOLVE_HOST:
@@ -156,6 +152,18 @@ class CurlTransport : public HttpTransport {
 };
 
 }  // namespace
+
+std::string LoggableUrl(absl::string_view url) {
+  url = url.substr(0, url.find_first_of("?#"));
+  const size_t scheme = url.find("://");
+  const size_t at = url.find('@');
+  const size_t path = url.find('/', scheme == absl::string_view::npos ? 0 : scheme + 3);
+  if (scheme == absl::string_view::npos || at == absl::string_view::npos ||
+      (path != absl::string_view::npos && at > path)) {
+    return std::string(url);
+  }
+  return absl::StrCat(url.substr(0, scheme + 3), url.substr(at + 1));
+}
 
 std::unique_ptr<HttpTransport> NewCurlTransport() {
   return std::make_unique<CurlTransport>();

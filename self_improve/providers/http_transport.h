@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace rvd::tune {
@@ -50,6 +51,10 @@ class HttpTransport {
   // URL that is not http(s)), INTERNAL (anything else curl reports).
   virtual absl::StatusOr<HttpResponse> Post(const HttpRequest& request) = 0;
 };
+
+// `url` as logs and statuses show it: no user:password@, no query or
+// fragment (either may hold a secret).
+std::string LoggableUrl(absl::string_view url);
 
 // The libcurl transport (curl_global_init once per process, on first use).
 std::unique_ptr<HttpTransport> NewCurlTransport();

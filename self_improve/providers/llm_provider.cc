@@ -48,19 +48,6 @@ absl::string_view UrlHost(absl::string_view url) {
   return url.substr(0, url.find(':'));
 }
 
-// `url` for a log line or a status: no user:password@, no query.
-std::string LoggableUrl(absl::string_view url) {
-  url = url.substr(0, url.find_first_of("?#"));
-  const size_t scheme = url.find("://");
-  const size_t at = url.find('@');
-  const size_t path = url.find('/', scheme == absl::string_view::npos ? 0 : scheme + 3);
-  if (scheme == absl::string_view::npos || at == absl::string_view::npos ||
-      (path != absl::string_view::npos && at > path)) {
-    return std::string(url);
-  }
-  return absl::StrCat(url.substr(0, scheme + 3), url.substr(at + 1));
-}
-
 bool IsLoopback(absl::string_view host) {
   return host == "localhost" || host == "[::1]" || absl::StartsWith(host, "127.");
 }

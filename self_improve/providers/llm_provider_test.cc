@@ -498,6 +498,11 @@ TEST_P(ProviderTest, UrlCredentialsAreNotLogged) {
   EXPECT_THAT(std::string(s.message()), Not(HasSubstr("hunter2")));
   EXPECT_THAT(log_.str(), Not(HasSubstr("hunter2")));
   EXPECT_THAT(log_.str(), HasSubstr("POST http://127.0.0.1:"));
+  server_.Enqueue(Hangup());  // a transport error names the URL too
+  const absl::Status t = Fails(c);
+  EXPECT_EQ(t.code(), absl::StatusCode::kUnavailable) << t;
+  EXPECT_THAT(std::string(t.message()), HasSubstr("127.0.0.1"));
+  EXPECT_THAT(std::string(t.message()), Not(HasSubstr("hunter2")));
 }
 
 TEST(LlmConfigTest, BadValues) {
