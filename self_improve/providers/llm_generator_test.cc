@@ -15,6 +15,7 @@
 #include "absl/strings/str_replace.h"
 #include "nlohmann/json.hpp"
 #include "self_improve/providers/scripted_http_server.h"
+#include "self_improve/providers/test_replies.h"
 
 namespace rvd::tune {
 namespace {
@@ -271,6 +272,40 @@ TEST_F(LlmGeneratorTest, CancelledBeforeAsking) {
   EXPECT_EQ(g->Generate(r).status().code(), absl::StatusCode::kCancelled);
   EXPECT_TRUE(server_.Requests().empty());
 }
+
+// The whole turn on every protocol: a wrong kernel answered with what was
+// wrong, then a good one.
+class LlmGeneratorProtocolTest : public LlmGeneratorTest,
+                                 public ::testing::WithParamInterface<LlmProtocol> {};
+
+TEST_P(LlmGeneratorProtocolTest, WrongKernelThenAGoodOne) {
+  const std::string changed = absl::StrReplaceAll(kKernel, {{"int num_jobs", "long num_jobs"}});
+  ScriptedReply wrong;
+  wrong.body = testing::ChatBody(GetParam(), Suggestion(changed));
+  ScriptedReply good;
+  good.body = testing::ChatBody(GetParam(), Suggestion());
+  server_.Enqueue(wrong);
+  server_.Enqueue(good);
+  LlmGeneratorOptions o = Options(false, false);
+  o.llm.protocol = GetParam();
+  o.llm.base_url = testing::BaseUrlFor(GetParam(), server_.BaseUrl());
+  std::unique_ptr<Generator> g = Make(o);
+  ASSERT_NE(g, nullptr);
+  absl::StatusOr<Candidate> c = g->Generate(Request());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->source, kKernel);
+  const std::vector<ReceivedRequest> got = server_.Requests();
+  ASSERT_EQ(got.size(), 2u);
+  const json m = Messages(got, 1);
+  const std::string last = m[m.size() - 1]["content"];
+  EXPECT_THAT(last, HasSubstr("signature of rvd_tune_candidate changed"));
+  EXPECT_THAT(last, HasSubstr("long num_jobs"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Protocols, LlmGeneratorProtocolTest,
+                         ::testing::Values(LlmProtocol::kOpenAi, LlmProtocol::kAnthropic,
+                                           LlmProtocol::kOllama),
+                         [](const auto& info) { return LlmProtocolName(info.param); });
 
 TEST(LlmGeneratorOptionsTest, Settings) {
   absl::StatusOr<LlmGeneratorOptions> o = ParseLlmGeneratorOptions(

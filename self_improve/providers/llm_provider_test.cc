@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "nlohmann/json.hpp"
 #include "self_improve/providers/scripted_http_server.h"
+#include "self_improve/providers/test_replies.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
 
@@ -34,38 +35,9 @@ using ::testing::Not;
 constexpr char kKey[] = "sk-rvd-test-0123456789abcdef";
 constexpr char kKeyEnv[] = "RVD_LLM_TEST_KEY";
 
-// A 2xx body of `protocol` whose text is `text`.
 std::string GoodBody(LlmProtocol protocol, const std::string& text,
                      const std::string& finish = "") {
-  switch (protocol) {
-    case LlmProtocol::kOpenAi:
-      return json{{"id", "chatcmpl-1"},
-                  {"model", "test-model"},
-                  {"choices",
-                   {{{"index", 0},
-                     {"message", {{"role", "assistant"}, {"content", text}, {"refusal", nullptr}}},
-                     {"finish_reason", finish.empty() ? "stop" : finish}}}},
-                  {"usage", {{"prompt_tokens", 11}, {"completion_tokens", 7}}}}
-          .dump();
-    case LlmProtocol::kAnthropic:
-      return json{{"id", "msg_1"},
-                  {"type", "message"},
-                  {"role", "assistant"},
-                  {"model", "test-model"},
-                  {"content", {{{"type", "text"}, {"text", text}}}},
-                  {"stop_reason", finish.empty() ? "end_turn" : finish},
-                  {"usage", {{"input_tokens", 11}, {"output_tokens", 7}}}}
-          .dump();
-    case LlmProtocol::kOllama:
-      return json{{"model", "test-model"},
-                  {"message", {{"role", "assistant"}, {"content", text}}},
-                  {"done", true},
-                  {"done_reason", finish.empty() ? "stop" : finish},
-                  {"prompt_eval_count", 11},
-                  {"eval_count", 7}}
-          .dump();
-  }
-  return "";
+  return testing::ChatBody(protocol, text, finish);
 }
 
 // Scripted replies (the struct's designated initializers would leave
@@ -124,9 +96,7 @@ class ProviderTest : public ::testing::TestWithParam<LlmProtocol> {
     LlmConfig c;
     c.protocol = GetParam();
     c.model = "test-model";
-    // OpenAI's base URL carries the /v1 the others put in their paths.
-    c.base_url = GetParam() == LlmProtocol::kOpenAi ? server_.BaseUrl() + "/v1/"
-                                                    : server_.BaseUrl();
+    c.base_url = testing::BaseUrlFor(GetParam(), server_.BaseUrl());
     c.api_key_env = kKeyEnv;
     c.max_tokens = 1234;
     c.temperature = 0.5;
