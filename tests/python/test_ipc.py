@@ -638,6 +638,8 @@ def test_rvd_gone_and_back_on_cpu(monkeypatch, caplog):
         assert "UNAVAILABLE" in caplog.text and not mon._link.registered
         waits = sum(e == ("wait", "Er") for e in log)
         second, server = serve_on_port()
+        # the monitor's channel out of its reconnect backoff, and its pause over
+        grpc.channel_ready_future(mon.client._channel).result(timeout=10)
         mon._paused_until = 0.0
         checker, _ = g.train(model, mon, opt, 8, lambda n: 1e-4, last_measured=8)
         assert mon._link.registered and mon._link.registrations == 2

@@ -229,7 +229,10 @@ def test_rvd_killed_mid_training(tmp_path):
         train(model, mon, opt, 4, lambda n: 1e-4)  # rvd gone: warnings, no hang
         torch.cuda.synchronize()
         d = start_daemon(tmp_path / "b", backend="cuda", grpc_address=address)
-        mon._paused_until = 0.0  # skip the re-registration pause
+        # the monitor's channel out of its reconnect backoff, and its pause over
+        import grpc
+        grpc.channel_ready_future(mon.client._channel).result(timeout=10)
+        mon._paused_until = 0.0
         checker, _ = train(model, mon, opt, 8, lambda n: 1e-4)
         checker.check()
         assert mon._link.registered and mon._link.registrations >= 2
