@@ -70,7 +70,7 @@ def main():
     results = []
     for interval in (int(i) for i in args.intervals.split(",")):
         mon = rvd.RVMonitor(model, mode="training", measurement_interval=interval,
-                            on_error="raise", client=client)
+                            on_error="raise", client=client, transport="copy")
         arms = {"detached": [], "attached": []}
         pairs, in_step = [], {"measuring": [], "other": []}
         for b in range(args.blocks):

@@ -1,5 +1,6 @@
 """RVMonitor with CUDA weights and a CUDA rvd (ctest python_client_gpu,
-label gpu): the copy transport reads the weights off the GPU, the delta
+label gpu), transport="copy" (auto would take ipc: test_ipc_cuda.py): the
+copy transport reads the weights off the GPU, the delta
 trigger runs on the GPU, rvd's fused kernel measures; every recorded PR
 against a float64 SVD of that step's weights, the policy step for step.
 Skipped where torch sees no GPU."""
@@ -39,7 +40,7 @@ def test_training_on_cuda(tmp_path, dtype):
         mon = rvd.RVMonitor(model, early_layers=[0, 1], late_layers=[6, 7],
                             mode="training", measurement_interval=5, adaptive=True,
                             delta_threshold=0.05, per_head=True, on_error="raise",
-                            address=d.grpc_address)
+                            address=d.grpc_address, transport="copy")
         direction = {}
         for l in range(8):
             x = torch.randn_like(model.model.layers[l].self_attn.v_proj.weight,
