@@ -335,7 +335,10 @@ def verdicts(result):
 
 def markdown(result):
     lines = ["# bench/live_train.py", "", f"Command: `{result['command']}`", "",
-             f"Model: {result['model']}", "", "## Goals (issue 15 section 6)", "",
+             f"Model: {result.get('model')}", ""]
+    if "error" in result:
+        lines += ["The run stopped with an error:", "", "```", result["error"], "```", ""]
+    lines += ["## Goals (issue 15 section 6)", "",
              "| what | value | goal | met |", "|---|---|---|---|"]
     for r in result["verdicts"]:
         if r["unit"] == "fraction":
@@ -486,6 +489,10 @@ def main():
             del trainer
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+    except Exception:  # the report still says what ran, and how it ended
+        import traceback
+        result["error"] = traceback.format_exc()
+        print(result["error"], file=sys.stderr)
     finally:
         stop()
     result["verdicts"] = verdicts(result)
@@ -494,7 +501,8 @@ def main():
     md = markdown(result)
     (out / "live_train.md").write_text(md)
     print(md)
-    ok = all(c["exact"] and c["policy_ok"] for c in result["check"])
+    ok = "error" not in result and all(c["exact"] and c["policy_ok"]
+                                       for c in result["check"])
     print("checks", "passed" if ok else "FAILED")
     return 0 if ok else 1
 
