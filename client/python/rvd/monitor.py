@@ -352,6 +352,8 @@ class RVMonitor:
             self._attach_hooks()
 
     def _attach_hooks(self):
+        if self._mode != "training":
+            return  # inference: rvd takes no snapshot after registering
         try:
             self._hooks = ipc.attach_optimizer(
                 self._optimizer, self._before_update, self._after_update)
