@@ -650,3 +650,38 @@ def test_rvd_gone_and_back_on_cpu(monkeypatch, caplog):
     finally:
         mon.close()
         server.stop(0)
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.PERMISSION_DENIED,
+                                  grpc.StatusCode.INVALID_ARGUMENT,
+                                  grpc.StatusCode.ALREADY_EXISTS])
+def test_registration_refused(monkeypatch, caplog, code):
+    """rvd refuses the weights: "ipc" raises TransportUnavailable with rvd's
+    code and message (PERMISSION_DENIED: an expandable segment's
+    descriptors); "auto" measures by copy (logged); ALREADY_EXISTS (another
+    producer's model id) is no reason for copy: it follows on_error."""
+    log = Log()
+    fake = FakeRvd(log, refuse=code)
+    server, address = fake_live.serve(fake)
+    fake_live.install(monkeypatch, log)
+    try:
+        model = models.LlamaForCausalLM()
+        if code == grpc.StatusCode.ALREADY_EXISTS:
+            with pytest.raises(rvd.RvdError, match="ALREADY_EXISTS"):
+                rvd.RVMonitor(model, transport="auto", address=address, on_error="raise")
+            mon = rvd.RVMonitor(model, transport="auto", address=address,
+                                mode="training")
+            assert mon.transport == "ipc" and [c for _, _, c in mon.skipped] == \
+                ["ALREADY_EXISTS"]
+            mon.close()
+            return
+        with pytest.raises(rvd.TransportUnavailable, match=f"{code.name}: fake rvd"):
+            rvd.RVMonitor(model, transport="ipc", address=address)
+        with caplog.at_level(logging.WARNING, logger="rvd"):
+            mon = rvd.RVMonitor(model, transport="auto", address=address)
+        assert mon.transport == "copy" and code.name in caplog.text
+        # the fake has no Measure: the copy measurement was tried and skipped
+        assert [c for _, _, c in mon.skipped] == ["UNIMPLEMENTED"]
+        mon.close()
+    finally:
+        server.stop(0)
