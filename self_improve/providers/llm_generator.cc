@@ -220,6 +220,9 @@ class LlmGenerator : public Generator {
       return absl::OkStatus();
     }
     const std::string verdict = LineValue(reply->text, "Verdict");
+    // "unchanged" keeps the candidate as it was, even if the copy differs
+    // (a reformatting is not a fix the review stands behind).
+    if (absl::StartsWithIgnoreCase(verdict, "unchanged")) return absl::OkStatus();
     if (reviewed->source != c->source) {
       absl::string_view fixed = verdict;
       absl::ConsumePrefix(&fixed, "fixed");

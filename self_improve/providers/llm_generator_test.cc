@@ -145,6 +145,17 @@ TEST_F(LlmGeneratorTest, ReviewThatFixesReplacesTheKernel) {
             "128x128 tiles with uint4 loads (self-review: maxabs as a float literal)");
 }
 
+TEST_F(LlmGeneratorTest, UnchangedVerdictKeepsTheKernelAsItWas) {
+  const std::string reformatted = absl::StrReplaceAll(kKernel, {{"  for (", "    for ("}});
+  server_.Enqueue(Reply(Suggestion()));
+  server_.Enqueue(Reply(absl::StrCat("Verdict: unchanged\n```cuda\n", reformatted, "```")));
+  std::unique_ptr<Generator> g = Make(Options(false, true));
+  absl::StatusOr<Candidate> c = g->Generate(Request());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->source, kKernel);
+  EXPECT_EQ(c->description, "128x128 tiles with uint4 loads");
+}
+
 TEST_F(LlmGeneratorTest, UnusableReviewKeepsTheKernel) {
   server_.Enqueue(Reply(Suggestion()));
   server_.Enqueue(Reply("Verdict: fixed: everything\n```cuda\n__global__ void other() {}\n```"));

@@ -191,9 +191,13 @@ class HttpLlmProvider : public LlmProvider {
     }
     absl::StatusOr<ChatReply> reply = protocol_->ParseReply(body);
     if (!reply.ok()) {
+      // A proxy may answer 200 with an error object: say what it said.
+      const std::string error = protocol_->ErrorText(body);
       return WithLlmErrorKind(
           absl::Status(reply.status().code(),
-                       absl::StrCat("llm ", Name(), ": ", Excerpt(reply.status().message()))),
+                       absl::StrCat("llm ", Name(), ": ", Excerpt(reply.status().message()),
+                                    error.empty() ? "" : absl::StrCat(" (the server says: ",
+                                                                      Excerpt(error), ")"))),
           LlmErrorKindOf(reply.status()));
     }
     if (absl::StripAsciiWhitespace(reply->text).empty()) {

@@ -225,6 +225,13 @@ TEST_P(ProviderTest, JsonWithoutTheProtocolsFieldsIsDataLoss) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("malformed reply"));
 }
 
+TEST_P(ProviderTest, ErrorObjectWithStatus200IsQuoted) {
+  server_.Enqueue(Answer(R"({"error": {"message": "upstream model crashed"}})"));
+  const absl::Status s = Fails(Config());
+  EXPECT_EQ(LlmErrorKindOf(s), LlmErrorKind::kMalformed) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("upstream model crashed"));
+}
+
 TEST_P(ProviderTest, EmptyTextIsItsOwnError) {
   server_.Enqueue(Answer(GoodBody(GetParam(), "  \n ")));
   const absl::Status s = Fails(Config());
