@@ -236,3 +236,19 @@ def test_max_request_bytes_bounds_a_call(tmp_path):
         one.remove()
     finally:
         d.stop()
+
+
+def test_numpy_matrices_without_hooks(daemon, seed):
+    rng = np.random.default_rng(seed)
+    mats = {4: rng.standard_normal((50, 20)),                      # float64: sent as f32
+            1: rng.standard_normal((8, 90)).astype(np.float16)}
+    stats = activations.activation_stats(rvd.Client(daemon.grpc_address), "np-model", mats)
+    assert [s.layer_idx for s in stats] == [1, 4]
+    for s in stats:
+        a = mats[s.layer_idx]
+        sent = a.astype(np.float32) if a.dtype == np.float64 else a
+        for field, value in reference(sent).items():
+            assert getattr(s, field) == pytest.approx(value, rel=1e-8), (s.layer_idx, field)
+        assert (s.tokens, s.features) == a.shape
+    with pytest.raises(ValueError, match="2-D"):
+        activations.encode(0, np.ones(3))

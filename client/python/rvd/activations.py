@@ -37,6 +37,9 @@ exp(H) (Roy and Vetterli 2007), participation_ratio = (sum s_i^2)^2 /
 sum s_i^4; a zero matrix has all of them 0. The smaller side is at most
 4096 (max_tokens= cuts the tokens to fit).
 
+Without hooks (and without torch, for numpy arrays):
+activation_stats(client, model_id, {layer: matrix}) -> [ActivationStats].
+
 When rvd fails: on_error="warn" (default) logs, keeps the error in
 .last_error and answers []; on_error="raise" raises rvd.RvdError.
 """
@@ -115,7 +118,19 @@ def v_features(output, layout, geometry):
 
 
 def encode(layer, matrix):
-    """rvd.v1.ActivationTensor of a 2-D torch tensor (copied to the host)."""
+    """rvd.v1.ActivationTensor of a 2-D torch tensor (copied to the host) or
+    numpy array (float32, float16; float64 sent as float32)."""
+    import numpy as np
+
+    if isinstance(matrix, np.ndarray):
+        a = matrix.astype(np.float32) if matrix.dtype == np.float64 else matrix
+        dtypes = {np.dtype(np.float32): rvd_pb2.DTYPE_F32, np.dtype(np.float16): rvd_pb2.DTYPE_F16}
+        if a.ndim != 2 or a.dtype.newbyteorder("=") not in dtypes:
+            raise ValueError(f"layer {layer}: expected a 2-D float32/float16/float64 array, got "
+                             f"{matrix.ndim}-D {matrix.dtype}")
+        a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
+        return rvd_pb2.ActivationTensor(layer=int(layer), dtype=dtypes[a.dtype.newbyteorder("=")],
+                                        shape=list(a.shape), data=a.tobytes())
     import torch
 
     m = matrix.detach()
@@ -157,6 +172,22 @@ def measure_activations(client, model_id, tensors, step=0, timeout=None):
             model_id=model_id, step=int(step), activations=b), timeout)
         stats.extend(r.stats)
     return stats
+
+
+def activation_stats(client, model_id, matrices, step=0, timeout=None):
+    """The statistics of {layer: 2-D matrix} (numpy arrays or torch tensors,
+    tokens x features), without hooks: a list of ActivationStats in layer
+    order. rvd.RvdError when rvd refuses or cannot be reached."""
+    layers = sorted(matrices)
+    tensors = [encode(l, matrices[l]) for l in layers]
+    return _records(measure_activations(client, model_id, tensors, step, timeout), tensors)
+
+
+def _records(stats, tensors):
+    """ActivationStats of rvd's answers to `tensors` (the same order)."""
+    return [ActivationStats(s.layer, s.effective_rank, s.frobenius_norm, s.max_singular_value,
+                            s.entropy, s.participation_ratio, int(t.shape[0]), int(t.shape[1]))
+            for s, t in zip(stats, tensors)]
 
 
 class VActivationMonitor:
@@ -269,10 +300,7 @@ class VActivationMonitor:
                 self.client.reconnect()
             return []
         self.last_error = None
-        self._stats = [ActivationStats(s.layer, s.effective_rank, s.frobenius_norm,
-                                       s.max_singular_value, s.entropy, s.participation_ratio,
-                                       int(t.shape[0]), int(t.shape[1]))
-                       for s, t in zip(stats, tensors)]
+        self._stats = _records(stats, tensors)
         return list(self._stats)
 
     def remove(self):
