@@ -352,6 +352,24 @@ absl::StatusOr<LlmGeneratorOptions> ParseLlmGeneratorOptions(
   return o;
 }
 
+absl::StatusOr<LlmGeneratorOptions> LlmGeneratorOptionsFor(
+    absl::string_view name, const std::map<std::string, std::string>& settings) {
+  LlmConfig named;
+  if (absl::Status s = ParseGeneratorName(name, &named); !s.ok()) return s;
+  std::map<std::string, std::string> all = settings;
+  for (const auto& [key, value] :
+       {std::pair<std::string, std::string>{"protocol", LlmProtocolName(named.protocol)},
+        std::pair<std::string, std::string>{"model", named.model}}) {
+    auto [it, fresh] = all.try_emplace(key, value);
+    if (!fresh && it->second != value) {
+      return absl::InvalidArgumentError(absl::StrCat("llm generator ", name, ": its name says ",
+                                                     key, " ", value, ", its settings ",
+                                                     it->second));
+    }
+  }
+  return ParseLlmGeneratorOptions(all);
+}
+
 absl::StatusOr<std::unique_ptr<Generator>> NewLlmGenerator(
     const LlmGeneratorOptions& options, std::unique_ptr<HttpTransport> transport) {
   if (options.max_format_retries < 0) {

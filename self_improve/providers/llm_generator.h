@@ -54,6 +54,14 @@ absl::StatusOr<LlmGeneratorOptions> ParseLlmGeneratorOptions(
 // hold colons: "ollama:codellama:70b"). INVALID_ARGUMENT otherwise.
 absl::Status ParseGeneratorName(absl::string_view name, LlmConfig* config);
 
+// The options of the generator registered as `name` ("anthropic:claude-x",
+// the job's JobSpec::generator) with `settings` for the rest: the name
+// gives the protocol and the model, which settings may repeat but not
+// contradict. For the worker's table of generators by name:
+//   generators[name] = [o](const JobSpec&) { return NewLlmGenerator(o); };
+absl::StatusOr<LlmGeneratorOptions> LlmGeneratorOptionsFor(
+    absl::string_view name, const std::map<std::string, std::string>& settings);
+
 // NewLlmProvider's checks (the key's variable, the URL); `transport` null:
 // libcurl.
 absl::StatusOr<std::unique_ptr<Generator>> NewLlmGenerator(

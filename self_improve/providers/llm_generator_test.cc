@@ -346,6 +346,21 @@ TEST(LlmGeneratorOptionsTest, Settings) {
   EXPECT_FALSE(ParseLlmGeneratorOptions({{"model", "m"}, {"analyze", "maybe"}}).ok());
 }
 
+TEST(LlmGeneratorOptionsTest, OptionsForARegisteredName) {
+  absl::StatusOr<LlmGeneratorOptions> o =
+      LlmGeneratorOptionsFor("ollama:qwen2.5-coder:32b", {{"base_url", "http://gpu-box:11434"}});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->llm.protocol, LlmProtocol::kOllama);
+  EXPECT_EQ(o->llm.model, "qwen2.5-coder:32b");
+  EXPECT_EQ(o->llm.base_url, "http://gpu-box:11434");
+  EXPECT_TRUE(LlmGeneratorOptionsFor("openai:m", {{"protocol", "openai"}}).ok());
+  EXPECT_THAT(std::string(LlmGeneratorOptionsFor("openai:m", {{"model", "other"}})
+                              .status()
+                              .message()),
+              HasSubstr("its name says model m"));
+  EXPECT_FALSE(LlmGeneratorOptionsFor("builtin", {}).ok());
+}
+
 TEST(LlmGeneratorOptionsTest, GeneratorNames) {
   LlmConfig c;
   ASSERT_TRUE(ParseGeneratorName("ollama:codellama:70b", &c).ok());
