@@ -307,10 +307,16 @@ class LiveRegistry::Model {
   // dispatcher finishes or abandons each), so buffers, events and mappings
   // go.
   ~Model() {
-    for (const Buffer& b : buffers_) live->FreeDevice(b.p);
+    // A snapshot whose finish was cancelled (shutdown) may still have its
+    // copy queued on the device: its buffers and segments are left to the
+    // engine, which releases them after synchronizing (kernels/cuda/live.h).
+    const bool in_flight = cancelled_;
+    if (!in_flight) {
+      for (const Buffer& b : buffers_) live->FreeDevice(b.p);
+    }
     for (const auto& [unused, event] : events_) live->DestroyEvent(event);
     if (own_event.event != nullptr) live->DestroyEvent(own_event.event);
-    registry->DropMappings(mapping_keys);
+    registry->DropMappings(mapping_keys, /*close=*/!in_flight);
   }
 
   LiveRegistry* const registry;
@@ -512,6 +518,7 @@ class LiveRegistry::Model {
     t.snapshot_ms = absl::ToDoubleMilliseconds(took);
     registry->CountSnapshot(absl::ToDoubleSeconds(took));
     if (t.ref >= 0) Unhold(t.ref);
+    if (s.code() == absl::StatusCode::kCancelled) cancelled_ = true;
     if (!s.ok()) {
       spdlog::warn("live model={} step={}: the snapshot failed: {}", LogEscape(id), t.step,
                    LogEscape(s.ToString()));
@@ -579,6 +586,8 @@ class LiveRegistry::Model {
   absl::Time expiry_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool released_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t last_sequence_ ABSL_GUARDED_BY(mu_) = 0;
+  // A finish was cancelled: its copy may still be queued (see ~Model).
+  bool cancelled_ = false;  // written under mu_, read by the destructor alone
 };
 
 absl::StatusOr<NotifyStepResponse> LiveRegistry::Model::Notify(const NotifyStepRequest& request,
@@ -752,13 +761,13 @@ LiveStats LiveRegistry::Stats() const {
   return s;
 }
 
-void LiveRegistry::DropMappings(const std::vector<std::string>& keys) {
+void LiveRegistry::DropMappings(const std::vector<std::string>& keys, bool close) {
   absl::MutexLock lock(&segments_mu_);
   for (const std::string& key : keys) {
     auto it = segments_.find(key);
     if (it == segments_.end()) continue;
     if (--it->second.refs == 0) {
-      live_->CloseSegment(it->second.mapped.segment);
+      if (close) live_->CloseSegment(it->second.mapped.segment);
       segments_.erase(it);
     }
   }

@@ -161,8 +161,10 @@ class LiveRegistry {
   void RunJob(Model& model, Taken& taken);
   // Drops one the dispatcher will not measure (finished, nothing recorded).
   void Abandon(Model& model, Taken& taken);
-  // Lets go of a model's mappings; the last holder closes one.
-  void DropMappings(const std::vector<std::string>& keys);
+  // Lets go of a model's mappings; the last holder closes one (unless
+  // `close` is false: a cancelled copy may still read it, and the engine
+  // closes what is left at its end).
+  void DropMappings(const std::vector<std::string>& keys, bool close);
   void Dispatch();  // the dispatcher thread
   void Watch();     // the watcher thread
   void Wake();      // interrupts the watcher's poll
