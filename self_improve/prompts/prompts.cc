@@ -13,6 +13,7 @@
 #include "absl/strings/strip.h"
 #include "kernels/pr_check.h"
 #include "self_improve/prompts/embedded.h"
+#include "self_improve/providers/kernel_extract.h"
 
 namespace rvd::tune {
 namespace {
@@ -65,6 +66,15 @@ std::string BottleneckNames() {
   for (Bottleneck b : {Bottleneck::kCompute, Bottleneck::kMemoryBandwidth,
                        Bottleneck::kMemoryLatency, Bottleneck::kOccupancy, Bottleneck::kMixed}) {
     names.emplace_back(BottleneckName(b));
+  }
+  return absl::StrJoin(names, ", ");
+}
+
+// The headers a candidate may include, as kernel_extract allows them.
+std::string AllowedIncludes() {
+  std::vector<std::string> names;
+  for (const std::string& h : KernelExtractOptions().allowed_includes) {
+    names.push_back(absl::StrCat("`", h, absl::EndsWith(h, "/") ? "...`" : "`"));
   }
   return absl::StrJoin(names, ", ");
 }
@@ -289,6 +299,8 @@ absl::StatusOr<std::string> SuggestOptimizationPrompt(const CandidateRequest& r,
        {"signature", r.signature},
        {"annotation", AnnotationExample()},
        {"tolerance", absl::StrCat(kExactPrTolerance.rtol)},
+       {"includes", AllowedIncludes()},
+       {"block_sums", std::string(Embedded("block_sums.cuh"))},
        {"description", r.best_description.empty() ? "(no description)" : r.best_description},
        {"source", r.best_source},
        {"profile", FormatProfile(r.profile)},

@@ -8,7 +8,8 @@
 //
 // The contract and the types a candidate receives are quoted from rvd's own
 // sources, compiled in with the templates (generator.h's comment,
-// kernels/cuda/descriptors.h's MatrixDesc, candidate_abi.h's TuneJob), so
+// kernels/cuda/descriptors.h's MatrixDesc, candidate_abi.h's TuneJob, the
+// block reduction of kernels/cuda/block_sums.cuh), so
 // the prompt says what the harness checks and cannot drift from it.
 //
 // Thread-safe: pure functions over constant data.

@@ -124,6 +124,9 @@ TEST(PromptsTest, SuggestOptimizationCarriesEverything) {
   EXPECT_THAT(*p, HasSubstr("struct MatrixDesc {"));
   EXPECT_THAT(*p, HasSubstr("struct TuneJob {"));
   EXPECT_THAT(*p, HasSubstr("int32_t diagonal;"));
+  EXPECT_THAT(*p, HasSubstr("WriteBlockSums("));  // block_sums.cuh, quoted
+  EXPECT_THAT(*p, HasSubstr("`kernels/cuda/block_sums.cuh`"));  // the includes allowed
+  EXPECT_THAT(*p, HasSubstr("`cuda/std/...`"));
   EXPECT_THAT(*p, Not(HasSubstr("{{")));
 }
 

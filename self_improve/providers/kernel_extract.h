@@ -23,13 +23,14 @@ struct KernelExtractOptions {
   // `__launch_bounds__(...)`, which a candidate may add; `extern "C" { ... }`
   // around the definition counts as the `extern "C"` prefix.
   absl::string_view signature;
-  // Headers a candidate may include: an entry ending in '/' allows every
-  // header under it.
+  // Headers a candidate may include (the NVRTC include path has the
+  // toolkit's and rvd's source root): an entry ending in '/' allows every
+  // header under it. The suggestion prompt lists these.
   std::vector<std::string> allowed_includes = {
       "cuda_bf16.h", "cuda_fp16.h", "mma.h", "cuda_pipeline.h", "cuda/std/",
       "cuda/barrier", "cuda/pipeline", "cooperative_groups.h", "cooperative_groups/",
-      "kernels/cuda/descriptors.h", "self_improve/candidate_abi.h",
-      "descriptors.h", "candidate_abi.h"};
+      "kernels/cuda/descriptors.h", "kernels/cuda/block_sums.cuh",
+      "self_improve/candidate_abi.h"};
   bool truncated = false;  // the reply stopped at max_tokens
 };
 
