@@ -10,6 +10,8 @@
 //   rvctl models [--json]
 //   rvctl watch [ID] [--after SEQ] [--alerts-after SEQ] [--noalerts] [--json]
 //         (measurements and alert events as they happen)
+//   rvctl tune start|status|list|watch|cancel ... (kernel tuning jobs:
+//         client/rvctl_tune.h)
 //
 // Connection (every command): --address, and for a daemon with TLS
 // --tls-ca-file CA.pem (or --tls), for mutual TLS --tls-cert-file and
@@ -45,6 +47,7 @@
 #include "client/cpp/channel.h"
 #include "client/cpp/model_loader.h"
 #include "client/cpp/rvd_client.h"
+#include "client/rvctl_tune.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:50051", "rvd's gRPC HOST:PORT");
@@ -757,6 +760,11 @@ int main(int argc, char** argv) {
       "  rvctl models [--json]\n"
       "  rvctl watch [ID] [--after SEQ] [--alerts-after SEQ] [--noalerts] "
       "[--json]\n"
+      "  rvctl tune start --shape-class C [--dtype D] [--shapes NxRxC,...] "
+      "[--generator G]\n"
+      "        [--max-iter N] [--patience N] [--min-improvement F] [--seed N] "
+      "[--start naive|product] [--device N]\n"
+      "  rvctl tune status|watch|cancel ID, rvctl tune list   [--json]\n"
       "connection: [--tls-ca-file CA.pem | --tls] [--tls-cert-file C.pem "
       "--tls-key-file K.pem]\n"
       "        [--auth-token-file FILE] (or RVD_AUTH_TOKEN in the "
@@ -767,12 +775,16 @@ int main(int argc, char** argv) {
   if (positional.size() < 2) return Usage("no command given");
   const std::string command = positional[1];
   const std::string arg = positional.size() > 2 ? positional[2] : "";
-  if (positional.size() > 3) return Usage("too many arguments");
+  if (positional.size() > 3 && command != "tune") return Usage("too many arguments");
   absl::StatusOr<rvd::ChannelOptions> options = ChannelOptionsFromFlags();
   if (!options.ok()) return Fail(options.status());
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
       rvd::CreateRvdChannel(*options);
   if (!channel.ok()) return Fail(channel.status());
+  if (command == "tune") {
+    return rvd::RunTuneCommand(
+        *channel, std::vector<std::string>(positional.begin() + 2, positional.end()));
+  }
   rvd::RvdClient client(*channel);
 
   if (command == "measure") {

@@ -31,6 +31,8 @@
 #include "server/security.h"
 #include "server/service.h"
 #include "server/store_metrics.h"
+#include "server/tune_metrics.h"
+#include "server/tune_service.h"
 #include "spdlog/spdlog.h"
 
 namespace rvd {
@@ -90,6 +92,24 @@ class ServerImpl final : public Server {
     spdlog::info("live models: {}", engine_->Live() != nullptr
                                         ? "served (CUDA IPC on the engine's device)"
                                         : "not served (this backend reads no GPU memory)");
+    // Tuning jobs (issue 17), resumed from data_dir/tune where they can
+    // run; where they cannot, every start is refused with the reason.
+    tune_backend_ = MakeTuneBackend(*engine_);
+    tune::JobManagerOptions tune_options;
+    tune_options.data_dir = config.data_dir;
+    tune_options.backend = tune_backend_.get();
+    tune_jobs_ = std::make_unique<tune::JobManager>(std::move(tune_options));
+    const absl::Status tuning = tune_backend_->Available();
+    if (tuning.ok()) {
+      if (absl::Status s = tune_jobs_->Recover(); !s.ok()) {
+        spdlog::warn("tuning jobs: {}", s.ToString());
+      }
+      tune_metrics_ = std::make_shared<TuneMetrics>(tune_jobs_.get());
+    }
+    tune_handlers_ = std::make_unique<TuneHandlers>(tune_jobs_.get());
+    service_.set_tuning(tune_handlers_.get());
+    spdlog::info("tuning jobs: {}", tuning.ok() ? std::string("available")
+                                                : std::string(tuning.message()));
   }
 
   // With the durable store: the index and metrics as they were (at start).
@@ -154,6 +174,7 @@ class ServerImpl final : public Server {
       if (store_metrics_ != nullptr) exposer_->RegisterCollectable(store_metrics_);
       if (watch_metrics_ != nullptr) exposer_->RegisterCollectable(watch_metrics_);
       exposer_->RegisterCollectable(live_metrics_);
+      if (tune_metrics_ != nullptr) exposer_->RegisterCollectable(tune_metrics_);
     }
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -205,6 +226,7 @@ class ServerImpl final : public Server {
       if (grpc_ != nullptr) {
         grpc_->GetHealthCheckService()->SetServingStatus(false);
         service_.StopWatches();
+        tune_handlers_->StopWatches();
         // gRPC's Shutdown(deadline) waits out the whole deadline once a
         // callback method (WatchMeasurements) is registered, even with no
         // call in flight (an idle client connection kept SIGTERM at 5.0 s).
@@ -224,6 +246,8 @@ class ServerImpl final : public Server {
       // (its snapshots finished, mappings closed) before the engine goes.
       live_->Stop();
       exposer_.reset();
+      // Running tuning jobs stop at their next step, resumable from their logs.
+      tune_jobs_.reset();
     });
   }
 
@@ -279,6 +303,11 @@ class ServerImpl final : public Server {
   // Last: stopped and gone before the service, pool, history and engine it uses.
   std::unique_ptr<LiveRegistry> live_;
   std::shared_ptr<LiveMetrics> live_metrics_;  // reads live_
+  // Tuning jobs: the manager stops in Shutdown, after gRPC and the exposer.
+  std::unique_ptr<tune::TuneBackend> tune_backend_;
+  std::unique_ptr<tune::JobManager> tune_jobs_;
+  std::unique_ptr<TuneHandlers> tune_handlers_;
+  std::shared_ptr<TuneMetrics> tune_metrics_;  // null where jobs cannot run
   int port_ = 0;
   std::string security_;  // ServerSecurity::description, for the log
   std::once_flag shutdown_once_;

@@ -251,6 +251,43 @@ grpc::Status RvdService::NotifyStep(grpc::ServerContext*, const rvd::v1::NotifyS
   return grpc::Status::OK;
 }
 
+// The tuning jobs' RPCs: the handlers own their conversions and codes.
+namespace {
+grpc::Status NoTuning() {
+  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this rvd has no tuning jobs");
+}
+}  // namespace
+
+grpc::Status RvdService::StartTuneJob(grpc::ServerContext* context,
+                                      const rvd::v1::StartTuneJobRequest* request,
+                                      rvd::v1::TuneJob* response) {
+  return tuning_ != nullptr ? tuning_->StartTuneJob(context, request, response) : NoTuning();
+}
+
+grpc::Status RvdService::GetTuneJob(grpc::ServerContext* context,
+                                    const rvd::v1::GetTuneJobRequest* request,
+                                    rvd::v1::TuneJob* response) {
+  return tuning_ != nullptr ? tuning_->GetTuneJob(context, request, response) : NoTuning();
+}
+
+grpc::Status RvdService::ListTuneJobs(grpc::ServerContext* context,
+                                      const rvd::v1::ListTuneJobsRequest* request,
+                                      rvd::v1::ListTuneJobsResponse* response) {
+  return tuning_ != nullptr ? tuning_->ListTuneJobs(context, request, response) : NoTuning();
+}
+
+grpc::Status RvdService::WatchTuneJob(grpc::ServerContext* context,
+                                      const rvd::v1::WatchTuneJobRequest* request,
+                                      grpc::ServerWriter<rvd::v1::TuneJob>* writer) {
+  return tuning_ != nullptr ? tuning_->WatchTuneJob(context, request, writer) : NoTuning();
+}
+
+grpc::Status RvdService::CancelTuneJob(grpc::ServerContext* context,
+                                       const rvd::v1::CancelTuneJobRequest* request,
+                                       rvd::v1::TuneJob* response) {
+  return tuning_ != nullptr ? tuning_->CancelTuneJob(context, request, response) : NoTuning();
+}
+
 grpc::Status RvdService::MeasureActivations(grpc::ServerContext* context,
                                             const rvd::v1::MeasureActivationsRequest* request,
                                             rvd::v1::MeasureActivationsResponse* response) {

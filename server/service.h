@@ -19,6 +19,7 @@
 #include "server/cancel_watch.h"
 #include "server/compute_pool.h"
 #include "server/history.h"
+#include "server/tune_service.h"
 #include "server/live_registry.h"
 #include "server/metrics.h"
 #include "server/sqlite_store.h"
@@ -54,6 +55,9 @@ class RvdService final
   // The live models' registry (RegisterLiveModel, UnregisterLiveModel,
   // NotifyStep; null: UNIMPLEMENTED); set before serving.
   void set_live(LiveRegistry* live) { live_ = live; }
+  // The tuning jobs' handlers (StartTuneJob .. CancelTuneJob; null:
+  // UNIMPLEMENTED); set before serving.
+  void set_tuning(TuneHandlers* tuning) { tuning_ = tuning; }
   // Stores a live model's measurement as every other (history, /metrics,
   // the log line): the registry's LiveRecorder.
   absl::StatusOr<MeasurementLog::Entry> RecordLiveMeasurement(rvd::v1::Measurement m);
@@ -110,6 +114,21 @@ class RvdService final
   grpc::Status MeasureActivations(grpc::ServerContext* context,
                                   const rvd::v1::MeasureActivationsRequest* request,
                                   rvd::v1::MeasureActivationsResponse* response) override;
+  // Tuning jobs: forwarded to the handlers of set_tuning.
+  grpc::Status StartTuneJob(grpc::ServerContext* context,
+                            const rvd::v1::StartTuneJobRequest* request,
+                            rvd::v1::TuneJob* response) override;
+  grpc::Status GetTuneJob(grpc::ServerContext* context, const rvd::v1::GetTuneJobRequest* request,
+                          rvd::v1::TuneJob* response) override;
+  grpc::Status ListTuneJobs(grpc::ServerContext* context,
+                            const rvd::v1::ListTuneJobsRequest* request,
+                            rvd::v1::ListTuneJobsResponse* response) override;
+  grpc::Status WatchTuneJob(grpc::ServerContext* context,
+                            const rvd::v1::WatchTuneJobRequest* request,
+                            grpc::ServerWriter<rvd::v1::TuneJob>* writer) override;
+  grpc::Status CancelTuneJob(grpc::ServerContext* context,
+                             const rvd::v1::CancelTuneJobRequest* request,
+                             rvd::v1::TuneJob* response) override;
   grpc::Status GetLatest(grpc::ServerContext* context,
                          const rvd::v1::GetLatestRequest* request,
                          rvd::v1::Measurement* response) override;
@@ -178,6 +197,7 @@ class RvdService final
   const CheckpointReader* checkpoints_ = nullptr;
   AlertEngine* alerts_ = nullptr;      // see set_alerts
   LiveRegistry* live_ = nullptr;       // see set_live
+  TuneHandlers* tuning_ = nullptr;     // see set_tuning
 };
 
 }  // namespace rvd
