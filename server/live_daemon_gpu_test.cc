@@ -199,15 +199,17 @@ int ProducerMain(uint64_t seed) {
                     u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11],
                     u[12], u[13], u[14], u[15]);
       reply.assign(uuid, sizeof(uuid));
-      for (int s = 0; s < kSegments; ++s) {
-        cudaIpcMemHandle_t h;
-        if (cudaMalloc(&seg[s], place.segment_bytes[s]) != cudaSuccess ||
-            cudaMemset(seg[s], 0, place.segment_bytes[s]) != cudaSuccess ||
-            cudaIpcGetMemHandle(&h, seg[s]) != cudaSuccess) {
-          reply = "error cudaMalloc/cudaIpcGetMemHandle";
-          break;
-        }
+      bool ok = true;
+      for (int s = 0; s < kSegments && ok; ++s) {
+        cudaIpcMemHandle_t h{};
+        ok = cudaMalloc(&seg[s], place.segment_bytes[s]) == cudaSuccess &&
+             cudaMemset(seg[s], 0, place.segment_bytes[s]) == cudaSuccess &&
+             cudaIpcGetMemHandle(&h, seg[s]) == cudaSuccess;
         reply.append(reinterpret_cast<const char*>(&h), sizeof(h));
+      }
+      if (!ok) {
+        Send(1, "error cudaMalloc/cudaIpcGetMemHandle");
+        continue;
       }
       write(0);
       cudaStreamSynchronize(stream);
