@@ -23,6 +23,9 @@ AdamW fits), AdamW, synthetic tokens:
            relative; the oracle itself against float64 svdvals once), and
            the history with rvd's trigger policy step for step
            (tests/python/gpu/live_check.py). Untimed.
+ consistency  interval 1, the optimizer stepping again right after each
+           notification: every measurement exact; then the same with the
+           pre-step wait on rvd's event removed, which must be caught.
  latency   the GPU idle, interval 1: notification -> measurement recorded
            (rvd's timestamp minus the notification's wall time, and the
            arrival here), per layer and per head, --latency-n notifications
@@ -216,6 +219,44 @@ def run_check(rvd, args, trainer, address, label):
     return out
 
 
+# ---- consistency: the trainer writes right after notifying --------------------------
+
+def run_consistency(rvd, args, trainer, address, label, broken):
+    """Interval 1; after each notification the optimizer steps again at
+    once (the same gradients): the snapshot must still be the notified
+    step's. broken: the pre-step hook (the wait on rvd's event) removed,
+    which the same check must catch."""
+    from live_check import LiveChecker
+    mon = monitor(rvd, trainer, address, measurement_interval=1, per_head=True,
+                  transport="ipc", optimizer=trainer.opt)
+    if broken:
+        mon._hooks[0].remove()
+    layers = set(mon.layers)
+    checker = LiveChecker(mon, lambda: trainer.v(layers), args.hidden // args.heads,
+                          mon.early_layers, mon.late_layers)
+    for _ in range(args.consistency_steps):
+        n = mon.steps + 1
+        trainer.step(args.lr)
+        checker.keep(n)
+        mon.step()
+        trainer.opt.step()  # writes the weights at once
+        checker.check()
+    checker.wait_for_step(mon.steps, 10.0)
+    time.sleep(0.2)
+    checker.check()
+    mon.close()
+    out = {"label": label, "broken": broken, "steps": args.consistency_steps,
+           "measurements": checker.checked, "mismatches": len(checker.failures),
+           "worst_rel_error": checker.worst,
+           "first_mismatches": [list(map(str, f)) for f in checker.failures[:3]]}
+    out["ok"] = (out["mismatches"] > 0) if broken else \
+        (out["mismatches"] == 0 and out["measurements"] == args.consistency_steps)
+    print(f"[{label}] consistency broken={broken}: {out['measurements']} measurements, "
+          f"{out['mismatches']} mismatches, worst {checker.worst:.2e}: "
+          f"{'as expected' if out['ok'] else 'NOT as expected'}")
+    return out
+
+
 # ---- latency, idle GPU ------------------------------------------------------------
 
 def run_latency(rvd, args, trainer, address, label, per_head):
@@ -381,6 +422,13 @@ def markdown(result):
                      f"{c['triggers']} | {c['worst_rel_error']:.2e} | "
                      f"{'yes' if c['exact'] else 'NO'} | {'yes' if c['policy_ok'] else 'NO'}"
                      f" | {c['borderline']} |")
+    lines += ["", "## Consistency: the trainer writes right after notifying (interval 1)", "",
+              "| params | pre-step wait | measurements | mismatches | worst rel. error | "
+              "as expected |", "|---|---|---|---|---|---|"]
+    for c in result["consistency"]:
+        lines.append(f"| {c['label']} | {'removed' if c['broken'] else 'kept'} | "
+                     f"{c['measurements']} | {c['mismatches']} | "
+                     f"{c['worst_rel_error']:.2e} | {'yes' if c['ok'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -424,7 +472,8 @@ def main():
         "RVD_BUILD_DIR", "build")) / "bin" / "rvd"), help="rvd binary (of a staged build)")
     ap.add_argument("--out", default=os.environ.get("OUT", "live-train-out"))
     ap.add_argument("--dtypes", default="bf16,f32")
-    ap.add_argument("--phases", default="check,latency,overhead")
+    ap.add_argument("--phases", default="check,consistency,latency,overhead")
+    ap.add_argument("--consistency-steps", type=int, default=20)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--heads", type=int, default=32)
@@ -452,7 +501,7 @@ def main():
     address, stop = start_rvd(args)
     import rvd
     result = {"command": " ".join(["python3"] + sys.argv), "check": [], "latency": [],
-              "overhead": [], "rvd": address}
+              "overhead": [], "consistency": [], "rvd": address}
     try:
         for name in args.dtypes.split(","):
             dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[name]
@@ -470,6 +519,10 @@ def main():
             print(f"[{name}] {params / 1e9:.2f} B parameters, V set {vset / 2**20:.0f} MiB")
             if "check" in phases:
                 result["check"].append(run_check(rvd, args, trainer, address, name))
+            if "consistency" in phases:
+                for broken in (False, True):
+                    result["consistency"].append(
+                        run_consistency(rvd, args, trainer, address, name, broken))
             if "latency" in phases:
                 for per_head in (False, True):
                     result["latency"].append(
@@ -502,7 +555,8 @@ def main():
     (out / "live_train.md").write_text(md)
     print(md)
     ok = "error" not in result and all(c["exact"] and c["policy_ok"]
-                                       for c in result["check"])
+                                       for c in result["check"]) and \
+        all(c["ok"] for c in result["consistency"])
     print("checks", "passed" if ok else "FAILED")
     return 0 if ok else 1
 

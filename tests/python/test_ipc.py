@@ -685,3 +685,42 @@ def test_registration_refused(monkeypatch, caplog, code):
         mon.close()
     finally:
         server.stop(0)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_write_right_after_notify_on_cpu(monkeypatch, broken):
+    """The GPU tests' consistency check against FakeRvd(real=True), which
+    reads the weights when it handles the notification (as rvd's copy runs
+    when its stream gets there): the optimizer stepping again right after
+    notifying still leaves every measurement exact, since the pre-step
+    hook takes rvd's answer first; without that hook the same check
+    catches the writes in the snapshots."""
+    import pathlib
+    import sys
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "gpu"))
+    import test_ipc_cuda as g
+    log = Log()
+    fake = FakeRvd(log, real=True)
+    server, address = fake_live.serve(fake)
+    fake_live.install(monkeypatch, log)
+    try:
+        torch.manual_seed(2)
+        model = models.LlamaForCausalLM(layers=g.LAYERS, heads=g.HEADS, kv_heads=g.KV,
+                                        hidden=g.HIDDEN)
+        opt = fake_live.HookedAdamW(model.parameters(), log, lr=3e-3)
+        mon = rvd.RVMonitor(model, early_layers=g.EARLY, late_layers=g.LATE,
+                            mode="training", measurement_interval=1, per_head=True,
+                            transport="ipc", on_error="raise", address=address,
+                            optimizer=opt)
+        if broken:
+            mon._hooks[0].remove()
+        checker, _ = g.train(model, mon, opt, 8, lambda n: 3e-3,
+                             write_after_notify=True, last_measured=8)
+        mon.close()
+    finally:
+        server.stop(0)
+    assert [r.step for r in mon.history] == list(range(1, 9))
+    if broken:
+        assert checker.failures
+    else:
+        assert not checker.failures, checker.failures[:5]
