@@ -185,10 +185,12 @@ def test_registration_request(monkeypatch, make, layout, geometry, shape):
 # ---- the ordering, with a recording CUDA ---------------------------------------
 
 class Future:
-    def __init__(self, result=None, error=None):
-        self._result, self._error = result, error
+    def __init__(self, result=None, error=None, cancelled=False):
+        self._result, self._error, self._cancelled = result, error, cancelled
 
     def result(self):
+        if self._cancelled:
+            raise grpc.FutureCancelledError()
         if self._error is not None:
             raise self._error
         return self._result
@@ -197,7 +199,7 @@ class Future:
         fn(self)
 
     def cancelled(self):
-        return False
+        return self._cancelled
 
     def exception(self):
         return self._error
@@ -229,6 +231,8 @@ class StubClient:
                 log.add("notify", req.step, req.producer_event_handle)
                 if client.notify_errors:
                     code = client.notify_errors.pop(0)
+                    if code == "cancelled":
+                        return Future(cancelled=True)
                     if code is not None:
                         return Future(error=RpcError(code))
                 return Future(rvd_pb2.NotifyStepResponse(snapshot=True,
@@ -325,6 +329,7 @@ def test_notify_errors():
     log = Log()
     ln, client = link(log, notify_errors=[grpc.StatusCode.NOT_FOUND,
                                           grpc.StatusCode.DEADLINE_EXCEEDED,
+                                          "cancelled",
                                           grpc.StatusCode.UNAVAILABLE])
     ln.register(0)
     assert ln.registered and ("open_event", RVD_EVENT) in log
@@ -343,8 +348,14 @@ def test_notify_errors():
     with pytest.raises(rvd.RvdError, match="DEADLINE_EXCEEDED"):
         ln.before_update()
     assert log == [("wait", "Er")] and ln.registered
-    # UNAVAILABLE: rvd is gone; no wait on its event from now on
+    # cancelled under it (the channel closed by Client.reconnect): an RvdError
     ln.notify(3)
+    del log[:]
+    with pytest.raises(rvd.RvdError, match="CANCELLED"):
+        ln.before_update()
+    assert log == [("wait", "Er")] and ln.registered
+    # UNAVAILABLE: rvd is gone; no wait on its event from now on
+    ln.notify(4)
     del log[:]
     with pytest.raises(rvd.RvdError, match="UNAVAILABLE"):
         ln.before_update()

@@ -332,8 +332,10 @@ class LiveLink:
         import grpc
         try:
             r = future.result()
-        except grpc.RpcError as e:
-            error = RvdError.from_rpc(e, "NotifyStep")
+        except (grpc.RpcError, grpc.FutureCancelledError) as e:
+            # cancelled: the channel was closed under it (Client.reconnect)
+            error = RvdError.from_rpc(e, "NotifyStep") if isinstance(e, grpc.RpcError) \
+                else RvdError(grpc.StatusCode.CANCELLED, "the channel was closed")
             self.notified_at.pop(step, None)
             if error.code_name == "NOT_FOUND":
                 # rvd restarted or released us: register again (the weights
