@@ -947,6 +947,8 @@ absl::StatusOr<RegisterLiveModelResponse> LiveRegistry::Register(
   std::vector<std::shared_ptr<Model>> replaced;
   {
     absl::MutexLock lock(&mu_);
+    // Stop released every model already: this one would never be.
+    if (stopping_) return absl::UnavailableError("rvd is shutting down");
     if (absl::Status s = conflict(); !s.ok()) return s;
     if (models_.contains(id)) {
       ReleaseLocked(&replaced, id,
