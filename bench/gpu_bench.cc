@@ -219,6 +219,7 @@ struct FusedPrepared {
   bool offdiag = false;
   bool finished = false;  // the kernel writes every PR (FusedV4FinishesMatrix)
   bool pairs = false;     // v4's paired tiles (FusedV4Pairs: f32 of Gram side > 128)
+  bool tall = false;      // v4 triangle's MN-major tiles (a tall 16-bit case: "v4-tall")
   DType dtype = DType::kF32;
   // v4: the engine's schedule (PlanFusedV4), its workspace, and the same
   // jobs uncut (the "-whole" contenders).
@@ -243,6 +244,7 @@ struct FusedPrepared {
                          jobs2,   whole ? whole_plan : plan,
                          partials, tickets,
                          kernel == FusedKernel::kV4Triangle, pairs,
+                         tall,
                          g2,      tr,
                          mx,      pr,
                          st};
@@ -270,6 +272,7 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
   f->kernel = kernel;
   f->finished = FusedV4FinishesMatrix(kernel, descs[0].n);
   f->pairs = FusedV4Pairs(kernel, views[0].dtype, descs[0].n);
+  f->tall = kernel == FusedKernel::kV4Triangle && descs[0].tall != 0;
   std::vector<FusedJob> jobs;
   std::vector<FusedJobV2> jobs2;
   std::vector<int32_t> jb;
@@ -294,7 +297,7 @@ int Prepare(const std::vector<MatrixView>& views, FusedPrepared* f,
   const size_t job_bytes = wide ? sizeof(FusedJobV2) : sizeof(FusedJob);
   static_assert(sizeof(FusedJobV2) == sizeof(FusedJob), "one job slot size");
   if (IsFusedV4(kernel)) {
-    const int slices = FusedV4Slices(descs[0].cols);  // one shape per case
+    const int slices = FusedV4Slices(descs[0].k);  // one shape per case
     f->plan = PlanFusedV4(f->num_jobs, prop.multiProcessorCount, slices,
                           FusedV4TailPieces(kernel, f->dtype));
     f->whole_plan = PlanFusedV4(f->num_jobs, prop.multiProcessorCount, slices, 1);
@@ -479,9 +482,12 @@ struct Contender {
   bool prev = false;  // v4 at an earlier revision (scripts/v4_prev.sh)
   bool no_finalize = false;  // the kernel alone (a probe: no PR)
   bool whole = false;  // the live kernel with no job cut (FusedV4Plan)
+  bool tall = false;   // v4's triangle on tall 16-bit W (MN-major tiles; off in the policy)
 };
 constexpr Contender kContenders[] = {
     {"v3", FusedKernel::kV3, fused_v4::kLive, true},
+    {"v1", FusedKernel::kV1Tall, fused_v4::kLive, true},
+    {"v4-tall", FusedKernel::kV4Triangle, fused_v4::kLive, true, false, false, false, true},
     {"v4", FusedKernel::kV4, fused_v4::kLive, true},
     {"v4-tri", FusedKernel::kV4Triangle, fused_v4::kLive, true},
     {"v4-whole", FusedKernel::kV4, fused_v4::kLive, true, false, false, true},
@@ -520,7 +526,10 @@ cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_
 // v4 only where it would serve on an H200 (f32: Gram side <= 128); some
 // probes change f32's pipeline only, others the 16-bit work shapes.
 bool Applies(const Contender& v, DType dt, int64_t rows, int64_t cols) {
-  if (!IsFusedV4(v.kernel)) return true;
+  if (v.kernel == FusedKernel::kV3) return rows <= cols;  // (wide only)
+  if (v.kernel == FusedKernel::kV1Tall) return rows > cols;
+  if (v.tall) return FusedV4TallRuns(dt, rows, cols, /*aligned=*/true);
+  if (rows > cols) return false;  // (v4's wide kernels)
   const bool f32 = dt == DType::kF32;
   if ((v.v4_mode == fused_v4::kProbeNoConvert || v.v4_mode == fused_v4::kProbeMmaOnly) && !f32) {
     return false;
@@ -557,7 +566,8 @@ int ABAccuracy(cudaStream_t stream, std::mt19937_64& rng, nlohmann::json* acc, b
     int64_t rows, cols;
   };
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
-    for (const Sh sh : {Sh{128, 4096}, Sh{256, 4096}, Sh{1000, 3001}}) {
+    for (const Sh sh : {Sh{128, 4096}, Sh{256, 4096}, Sh{1000, 3001}, Sh{4096, 128},
+                        Sh{3001, 100}}) {
       for (Spectrum sp : kAllSpectra) {
         const int64_t rows = sh.rows, cols = sh.cols;
         // Rows padded to 16 bytes, as the engine packs them.
@@ -624,7 +634,8 @@ int AB(cudaStream_t stream, int reps, bool profile, nlohmann::json* out) {
                                    {480, 128, 4096, DType::kF16, "ab"},
                                    {256, 128, 4096, DType::kBF16, "ab"},
                                    {32, 1024, 4096, DType::kBF16, "ab"},
-                                   {32, 1024, 4096, DType::kF32, "ab"}};
+                                   {32, 1024, 4096, DType::kF32, "ab"},
+                                   {480, 4096, 128, DType::kBF16, "ab"}};
   constexpr int kRounds = 4;
   nlohmann::json rows = nlohmann::json::array();
   std::printf("\nab timing: kernel + finalize, median of %d rounds (each a queued median of %d"
@@ -828,7 +839,10 @@ int Sustain(cudaStream_t stream, nlohmann::json* out) {
       // (what served them before), and the Llama-2-7B V set without GQA.
       {{32, 1024, 4096, DType::kF32, "sustain"}, {"v4", "v3", "v4", "v3"}},
       {{32, 4096, 4096, DType::kF32, "sustain"}, {"v4", "v3", "v4", "v3"}},
-      {{32, 4096, 4096, DType::kBF16, "sustain"}, {"v4", "v3"}}};
+      {{32, 4096, 4096, DType::kBF16, "sustain"}, {"v4", "v3"}},
+      // Tall 16-bit: v1 (what serves it) against v4's triangle on MN-major
+      // tiles (the policy's `tall`, off until measured).
+      {{480, 4096, 128, DType::kBF16, "sustain"}, {"v1", "v4-tall", "v1", "v4-tall"}}};
   // Without scripts/v4_prev.sh's copy, "v4-prev" is the live kernel again.
   const bool have_prev = std::any_of(std::begin(kContenders), std::end(kContenders),
                                      [](const Contender& k) { return k.prev; });

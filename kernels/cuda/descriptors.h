@@ -35,6 +35,8 @@ struct LaunchPolicy {
   int tail_pieces = 1;   // v4: most K-pieces a job of a last round is cut into (16-bit)
   int tail_pieces_f32 = 1;  // the same for f32 inputs
   int f32_pairs = 0;     // v4: 1, f32 Grams of side > block_tile too (paired tiles); 0: v3's
+  int tall = 0;          // v4 triangle: 1, tall 16-bit W of Gram side <= block_tile too
+                         // (MN-major tiles, unmeasured: off); 0: v1's
 };
 
 // sm_90 (H200), the only tuned target. Values and where they came from:
@@ -270,6 +272,8 @@ struct FusedV4Launch {
                           // else kV4's
   bool pairs;             // kV4's f32 matrices of Gram side > 128 (FusedV4Pairs: paired
                           // tiles, three products a slice), else none of them
+  bool tall;              // kV4Triangle's tall matrices (16-bit, rows > cols <= 128: G =
+                          // W^T W from MN-major tiles), else none of them
   // Outputs per job as LaunchFused, except maxabs (sqrt(max_i G_ii / k):
   // see fused_v4_kernel.cuh).
   double* g2;

@@ -35,9 +35,12 @@ absl::Status PlanFusedCall(absl::Span<const MatrixView> views, const DeviceInfo&
                                   views[i].rows, views[i].cols, by_index[i].aligned != 0);
   }
   auto pairs = [&](size_t i) { return FusedV4Pairs(kernel[i], views[i].dtype, by_index[i].n); };
-  auto key = [&](size_t i) {  // (dtype, kernel, paired tiles)
+  auto tall = [&](size_t i) {
+    return kernel[i] == FusedKernel::kV4Triangle && by_index[i].tall != 0;
+  };
+  auto key = [&](size_t i) {  // (dtype, kernel, paired tiles or tall)
     return 256 * static_cast<int>(views[i].dtype) + 2 * static_cast<int>(kernel[i]) +
-           (pairs(i) ? 1 : 0);
+           (pairs(i) || tall(i) ? 1 : 0);
   };
   std::vector<size_t>& order = call.order;
   order.resize(m);
@@ -80,10 +83,11 @@ absl::Status PlanFusedCall(absl::Span<const MatrixView> views, const DeviceInfo&
     l.kernel = kernel[order[s0]];
     l.dtype = views[order[s0]].dtype;
     l.pairs = pairs(order[s0]);
+    l.tall = tall(order[s0]);
     size_t s1 = s0;
     int min_slices = std::numeric_limits<int>::max();
     for (; s1 < m && key(order[s1]) == key(order[s0]); ++s1) {
-      min_slices = std::min(min_slices, FusedV4Slices(descs[s1].cols));
+      min_slices = std::min(min_slices, FusedV4Slices(descs[s1].k));
     }
     l.matrices = static_cast<int64_t>(s1 - s0);
     l.j0 = job_begin[s0];
@@ -178,6 +182,7 @@ cudaError_t LaunchFusedCall(const FusedCall& call, const KernelTable& table, con
                                tickets,
                                l.kernel == FusedKernel::kV4Triangle,
                                l.pairs,
+                               l.tall,
                                g2,
                                tr,
                                mx,

@@ -58,6 +58,7 @@ struct FusedCall {
     int list0 = 0;         // its first job in the v1 or v2 job list
     bool offdiag = false;
     bool pairs = false;    // v4's f32 of Gram side > 128 (FusedV4Pairs)
+    bool tall = false;     // v4 triangle's tall 16-bit (FusedV4TallRuns)
     int grid = 0;          // blocks: ProductGrid(jobs) for v1 and v3, plan.grid for v4
     FusedV4Plan plan;
   };

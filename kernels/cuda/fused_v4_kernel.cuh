@@ -327,8 +327,10 @@ __device__ __forceinline__ void FenceAccumulators(float (&d)[kAcc]) {
 
 // d = A (64 x 16, K-major) * B^T (B: kN x 16, K-major) (+ d unless
 // kFirst: the first k-step of a chain writes d without reading it, so the
-// compiler need not keep d's old values alive).
-template <typename T, int kN, bool kFirst, int kOff = 0, int kSize>
+// compiler need not keep d's old values alive). kMn: both operands
+// MN-major instead (wgmma's transpose bits; 16-bit only): a tall W's
+// K-slice as TMA copies it, Gram indices contiguous.
+template <typename T, int kN, bool kFirst, int kOff = 0, bool kMn = false, int kSize>
 __device__ __forceinline__ void Wgmma(float (&acc)[kSize], uint64_t a, uint64_t b) {
   static_assert(::cuda::std::is_same_v<T, __nv_bfloat16> || ::cuda::std::is_same_v<T, __half>);
   static_assert(kN == 64 || kN == 128);
@@ -339,12 +341,12 @@ __device__ __forceinline__ void Wgmma(float (&acc)[kSize], uint64_t a, uint64_t 
 #define RVD_V4_WGMMA_FIRST(n, list, outs, a_at, b_at, types)                             \
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, 0, 0;\n"                             \
                " wgmma.mma_async.sync.aligned.m64n" #n "k16.f32." types " " list ", %" \
-               #a_at ", %" #b_at ", p, 1, 1, 0, 0;\n}"                                   \
+               #a_at ", %" #b_at ", p, 1, 1, " RVD_V4_TRANSPOSES ";\n}"                      \
                : outs                                                                    \
                : "l"(a), "l"(b))
 #define RVD_V4_WGMMA_ACCUMULATE(n, list, ops, a_at, b_at, types)                   \
   asm volatile("wgmma.mma_async.sync.aligned.m64n" #n "k16.f32." types " " list \
-               ", %" #a_at ", %" #b_at ", 1, 1, 1, 0, 0;"                         \
+               ", %" #a_at ", %" #b_at ", 1, 1, 1, " RVD_V4_TRANSPOSES ";"              \
                : ops                                                               \
                : "l"(a), "l"(b))
   // The (first, types) choice for one shape: n, its operand list and
@@ -360,10 +362,19 @@ __device__ __forceinline__ void Wgmma(float (&acc)[kSize], uint64_t a, uint64_t 
     RVD_V4_WGMMA_ACCUMULATE(n, list, args("+f", d), a_at, b_at, "f16.f16");      \
   }
   constexpr bool kBf16 = ::cuda::std::is_same_v<T, __nv_bfloat16>;
-  if constexpr (kN == 128) {
+  if constexpr (kN == 128 && !kMn) {
+#define RVD_V4_TRANSPOSES "0, 0"
     RVD_V4_WGMMA_SHAPE(128, RVD_V4_D64, RVD_V4_D64_ARGS, 64, 65)
-  } else {
+#undef RVD_V4_TRANSPOSES
+  } else if constexpr (!kMn) {
+#define RVD_V4_TRANSPOSES "0, 0"
     RVD_V4_WGMMA_SHAPE(64, RVD_V4_D32, RVD_V4_D32_ARGS, 32, 33)
+#undef RVD_V4_TRANSPOSES
+  } else {
+    static_assert(kN == 64, "MN-major operands: the triangle's m64n64 only");
+#define RVD_V4_TRANSPOSES "1, 1"
+    RVD_V4_WGMMA_SHAPE(64, RVD_V4_D32, RVD_V4_D32_ARGS, 32, 33)
+#undef RVD_V4_TRANSPOSES
   }
 #undef RVD_V4_WGMMA_SHAPE
 #undef RVD_V4_WGMMA_FIRST
@@ -405,7 +416,7 @@ __device__ __forceinline__ Unit UnitAt(int u, const Schedule& s, const FusedJobV
   r.j = u < pieces ? u / s.pieces : s.cut + (u - pieces);
   r.piece = u < pieces ? u % s.pieces : -1;
   r.job = jobs[r.j];
-  const int slices = FusedV4Slices(mats[r.job.matrix].cols);
+  const int slices = FusedV4Slices(mats[r.job.matrix].k);  // (wide: cols)
   r.k0 = r.piece < 0 ? 0 : PieceBegin(r.piece, s.pieces, slices);
   r.k1 = r.piece < 0 ? slices : PieceBegin(r.piece + 1, s.pieces, slices);
   return r;
@@ -416,7 +427,11 @@ __device__ __forceinline__ Unit UnitAt(int u, const Schedule& s, const FusedJobV
 #ifdef RVD_FUSED_V4_DEVICE
 
 // The producer thread: each unit's K-slices into the ring, in unit order.
-template <typename T, int kMode>
+// kTall (a tall W's Gram W^T W, side <= 128: the triangle's diagonal jobs):
+// a K-slice is 64 rows of W, copied as two 64 x 64 boxes (columns 0-63,
+// 64-127) into the tile's two halves, each 64 rows of K of 128 bytes: the
+// MN-major layout, 128B-swizzled, that the consumers' transposed wgmma read.
+template <typename T, int kMode, bool kTall = false>
 __device__ __forceinline__ void ProduceSlices(const TensorMap* maps, const MatrixDesc* mats,
                                               const FusedJobV2* jobs, const Schedule& sched,
                                               uint32_t tiles, uint32_t full0, uint32_t empty0) {
@@ -437,8 +452,13 @@ __device__ __forceinline__ void ProduceSlices(const TensorMap* maps, const Matri
         MbarArrive(full);
       } else {
         MbarArriveExpectTx(full, one_tile ? L::kTileBytes : 2 * L::kTileBytes);
-        TmaLoadTile(a, map, k * kSliceK, job.row0, full);
-        if (!one_tile) TmaLoadTile(a + L::kTileBytes, map, k * kSliceK, job.col0, full);
+        if constexpr (kTall) {
+          TmaLoadTile(a, map, 0, k * kSliceK, full);
+          TmaLoadTile(a + L::kTileBytes / 2, map, kTile / 2, k * kSliceK, full);
+        } else {
+          TmaLoadTile(a, map, k * kSliceK, job.row0, full);
+          if (!one_tile) TmaLoadTile(a + L::kTileBytes, map, k * kSliceK, job.col0, full);
+        }
       }
       if (++stage == L::kStages) {
         stage = 0;
@@ -1014,13 +1034,14 @@ __device__ __forceinline__ void ConvertPairedTiles(const TensorMap* maps, const 
 
 #endif  // RVD_FUSED_V4_DEVICE
 
-template <typename T, int kMode, bool kTriangle, bool kPairs = false>
+template <typename T, int kMode, bool kTriangle, bool kPairs = false, bool kTall = false>
 __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     FusedV4Kernel(const TensorMap* maps, const MatrixDesc* mats, const FusedJobV2* jobs,
                   Schedule sched, double* g2, double* trace, float* maxabs, double* pr,
                   int32_t* status) {
 #ifdef RVD_FUSED_V4_DEVICE
   using L = Layout<T, kTriangle, kPairs>;
+  static_assert(!kTall || (kTriangle && !L::kF32), "tall W: the 16-bit triangle");
   using R = Registers<T, kTriangle>;  // (kPairs: the same warpgroups)
   using C = Consumers<kTriangle>;
   extern __shared__ unsigned char smem_raw[];
@@ -1060,7 +1081,7 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
       ConvertSlices<kMode>(maps, mats, jobs, sched, tiles, base, full0, set_full0, set_empty0,
                            set_inv, red_max);
     } else if (warp == C::kWarps && lane == 0) {
-      ProduceSlices<T, kMode>(maps, mats, jobs, sched, tiles, full0, empty0);
+      ProduceSlices<T, kMode, kTall>(maps, mats, jobs, sched, tiles, full0, empty0);
     }
     return;
   }
@@ -1112,7 +1133,7 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     const int j = unit.j;
     const FusedJobV2 job = unit.job;
     const MatrixDesc desc = mats[job.matrix];
-    const int cols = desc.cols;
+    const int cols = desc.k;  // K: the long side
     const int slices = unit.k1 - unit.k0;
     const int chain =
         !L::kF32 && kMode != kProbeChain1 && desc.n > kTile ? kLargeChainSlices : 1;
@@ -1178,17 +1199,22 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
           return;
         }
       }
-      // (Rows of 128 bytes: row r of a tile at + 128 r.)
+      // (Rows of 128 bytes: row r of a tile at + 128 r; K-major, a k-step
+      // 32 bytes along the rows. kTall: a half tile per 64 Gram indices,
+      // row r holding K index r, so the same offsets and a k-step of 16
+      // rows: 2048 bytes, the 8-row groups 1024 apart as SwizzledDesc says.)
+      constexpr int kKStepBytes = kTall ? 16 * 128 : 32;
       const uint32_t a = ready + row0 * 128;
       const uint32_t b = (L::kF32 || one_tile ? ready : ready + L::kTileBytes) + col0 * 128;
 #pragma unroll
       for (int kk = 0; kk < kSliceK / 16; ++kk) {
         const int kb = kMode == kMutant && !L::kF32 && kk == kSliceK / 16 - 1 ? 0 : kk;
-        const uint64_t da = SwizzledDesc(a + 32 * kk), db = SwizzledDesc(b + 32 * kb);
+        const uint64_t da = SwizzledDesc(a + kKStepBytes * kk);
+        const uint64_t db = SwizzledDesc(b + kKStepBytes * kb);
         if (kk == 0 && fresh) {
-          Wgmma<MmaT, C::kN, true>(part, da, db);
+          Wgmma<MmaT, C::kN, true, 0, kTall>(part, da, db);
         } else {
-          Wgmma<MmaT, C::kN, false>(part, da, db);
+          Wgmma<MmaT, C::kN, false, 0, kTall>(part, da, db);
         }
         if constexpr (L::kF32) {
           Wgmma<MmaT, C::kN, false>(part, da, SwizzledDesc(b + kHalfTileBytes + 32 * kb));

@@ -13,7 +13,7 @@
 
 namespace rvd::cuda::fused_v4 {
 
-template <typename T, int kMode, bool kTriangle, bool kPairs = false>
+template <typename T, int kMode, bool kTriangle, bool kPairs = false, bool kTall = false>
 cudaError_t LaunchFusedV4Shape(const FusedV4Launch& l, cudaStream_t stream) {
   const FusedV4Plan& plan = l.plan;
   if (plan.units <= 0) return cudaSuccess;
@@ -24,7 +24,7 @@ cudaError_t LaunchFusedV4Shape(const FusedV4Launch& l, cudaStream_t stream) {
   }
   const Schedule sched{plan.cut, plan.pieces, plan.units, cut ? l.partials : nullptr,
                        cut ? l.tickets : nullptr};
-  auto* kernel = FusedV4Kernel<T, kMode, kTriangle, kPairs>;
+  auto* kernel = FusedV4Kernel<T, kMode, kTriangle, kPairs, kTall>;
   constexpr int smem = Layout<T, kTriangle, kPairs>::kSmemBytes;
   const cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -38,7 +38,7 @@ cudaError_t LaunchFusedV4Shape(const FusedV4Launch& l, cudaStream_t stream) {
 template <typename T, int kMode>
 cudaError_t LaunchFusedV4T(const FusedV4Launch& l, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, float>) {
-    if (l.triangle) return cudaErrorInvalidValue;
+    if (l.triangle || l.tall) return cudaErrorInvalidValue;
     if (l.pairs) {
       // (The paired-tile kernel's instances: live, mutant, and the probes
       // that leave out its copies, its conversion or both.)
@@ -51,7 +51,15 @@ cudaError_t LaunchFusedV4T(const FusedV4Launch& l, cudaStream_t stream) {
     }
     return LaunchFusedV4Shape<T, kMode, false>(l, stream);
   } else {
-    if (l.pairs) return cudaErrorInvalidValue;
+    if (l.pairs || (l.tall && !l.triangle)) return cudaErrorInvalidValue;
+    if (l.tall) {
+      // (The tall triangle's instances: live and mutant.)
+      if constexpr (kMode == kLive || kMode == kMutant) {
+        return LaunchFusedV4Shape<T, kMode, true, false, true>(l, stream);
+      } else {
+        return cudaErrorNotSupported;
+      }
+    }
     return l.triangle ? LaunchFusedV4Shape<T, kMode, true>(l, stream)
                       : LaunchFusedV4Shape<T, kMode, false>(l, stream);
   }

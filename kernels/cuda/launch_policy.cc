@@ -30,7 +30,12 @@ std::map<std::string, std::string> KernelPolicies(int sm_major, int sm_minor) {
 
 FusedKernel ChooseFusedKernel(int sm_major, int sm_minor, DType dtype, int64_t rows,
                               int64_t cols, bool aligned) {
-  if (rows > cols) return FusedKernel::kV1Tall;
+  if (rows > cols) {
+    return kFusedPolicyV4TriangleSm90.tall != 0 && FusedV4TallRuns(dtype, rows, cols, aligned) &&
+                   FusedV4Runs(sm_major, sm_minor)
+               ? FusedKernel::kV4Triangle
+               : FusedKernel::kV1Tall;
+  }
   const bool small = rows <= kFusedPolicyV4Sm90.block_tile;
   const bool v4 = FusedV4Runs(sm_major, sm_minor) && aligned &&
                   (dtype != DType::kF32 || small || kFusedPolicyV4Sm90.f32_pairs != 0);

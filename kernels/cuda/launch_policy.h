@@ -59,6 +59,15 @@ inline bool FusedV4Pairs(FusedKernel kernel, DType dtype, int64_t gram_side) {
          gram_side > kFusedPolicyV4Sm90.block_tile;
 }
 
+// Whether v4's triangle can take a tall rows x cols matrix (16-bit, rows >
+// cols <= 128, aligned rows: G = W^T W from MN-major tiles,
+// FusedV4Launch::tall). It serves them only with its policy's `tall` (off:
+// unmeasured; rvd_bench_gpu times it as "v4-tall" against v1).
+inline bool FusedV4TallRuns(DType dtype, int64_t rows, int64_t cols, bool aligned) {
+  return dtype != DType::kF32 && rows > cols && cols <= kFusedPolicyV4TriangleSm90.block_tile &&
+         aligned;
+}
+
 // Whether fused v4 writes a matrix's PR itself (LaunchFusedV4's pr): a
 // matrix it serves in one job, Gram side <= 128.
 inline bool FusedV4FinishesMatrix(FusedKernel kernel, int64_t gram_side) {

@@ -111,6 +111,17 @@ TEST(LaunchPolicy, ChooseFusedKernel) {
   EXPECT_FALSE(FusedV4Pairs(K::kV4, DType::kBF16, 1024));
   EXPECT_FALSE(FusedV4Pairs(K::kV3, DType::kF32, 1024));
   EXPECT_FALSE(FusedV4FinishesMatrix(K::kV4, 129));
+  // Tall 16-bit W of Gram side <= 128 fit v4's triangle (MN-major tiles),
+  // which serves them only with its policy's `tall` (off, unmeasured).
+  EXPECT_TRUE(FusedV4TallRuns(DType::kBF16, 4096, 128, true));
+  EXPECT_TRUE(FusedV4TallRuns(DType::kF16, 3001, 100, true));
+  EXPECT_FALSE(FusedV4TallRuns(DType::kF32, 4096, 128, true));
+  EXPECT_FALSE(FusedV4TallRuns(DType::kBF16, 4096, 129, true));
+  EXPECT_FALSE(FusedV4TallRuns(DType::kBF16, 4096, 128, false));
+  EXPECT_FALSE(FusedV4TallRuns(DType::kBF16, 128, 4096, true));
+  EXPECT_EQ(ChooseFusedKernel(9, 0, DType::kBF16, 4096, 128, true),
+            kFusedPolicyV4TriangleSm90.tall != 0 ? K::kV4Triangle : K::kV1Tall);
+  EXPECT_EQ(ChooseFusedKernel(8, 0, DType::kBF16, 4096, 128, true), K::kV1Tall);
   EXPECT_EQ(ChooseFusedKernel(9, 0, DType::kBF16, 1024, 4096, true), K::kV4);
   EXPECT_EQ(ChooseFusedKernel(9, 0, DType::kBF16, 129, 4096, true), K::kV4);
   EXPECT_EQ(ChooseFusedKernel(9, 0, DType::kF16, 1, 512, true), K::kV4Triangle);
