@@ -781,6 +781,10 @@ class RVMonitor:
             link.before_update()
         except RvdError as e:
             self._failed(e, "notify", step=link.last_notified)
+        except Exception:  # noqa: BLE001 - a bug of ours must not stop training
+            if self.on_error == "raise":
+                raise
+            log.exception("rvd: the pre-step hook of model %s failed", self.model_id)
         else:
             if link.registered:
                 self._answered()
@@ -789,7 +793,13 @@ class RVMonitor:
         """The optimizer's post-step hook (ipc)."""
         link = self._link
         if link is not None and self.transport == "ipc" and link.registered:
-            link.after_update()
+            try:
+                link.after_update()
+            except Exception:  # noqa: BLE001 - as in _before_update
+                if self.on_error == "raise":
+                    raise
+                log.exception("rvd: the post-step hook of model %s failed",
+                              self.model_id)
 
     def _on_response(self, step, response):
         """A NotifyStep answer (gRPC's thread): the step's trigger, for its
