@@ -110,6 +110,9 @@ static_assert(kTy * kTx == kGroupThreads && kT % kTy == 0 && kT % kTx == 0, "til
 template <typename T> struct AccOf { typedef float type; };
 template <> struct AccOf<float> { typedef double type; };
 typedef AccOf<Elem>::type Acc;
+// Fused multiply-adds of the accumulator's own width (no promotion).
+__device__ __forceinline__ float Fma(float a, float b, float c) { return fmaf(a, b, c); }
+__device__ __forceinline__ double Fma(double a, double b, double c) { return fma(a, b, c); }
 
 template <int N> struct alignas(sizeof(Elem) * N) VecOf { Elem v[N]; };
 
@@ -205,7 +208,7 @@ __device__ __forceinline__ void Compute(const float* a, const float* b, int tx, 
 #pragma unroll
     for (int i = 0; i < kMR; ++i)
 #pragma unroll
-      for (int j = 0; j < kMC; ++j) acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+      for (int j = 0; j < kMC; ++j) acc[i][j] = Fma(av[i], bv[j], acc[i][j]);
   }
 #pragma unroll
   for (int i = 0; i < kMR; ++i)
