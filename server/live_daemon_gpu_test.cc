@@ -508,6 +508,52 @@ TEST_F(LiveDaemonGpuTest, ConsistentSnapshotsOnPolicyAgainstTheOracle) {
   EXPECT_TRUE(released) << "the producer exited; its model should be released";
 }
 
+// Refusals the real module takes part in, each leaving the daemon able to
+// register the same model right after.
+TEST_F(LiveDaemonGpuTest, RefusalsFromTheModuleKeepNothing) {
+  auto code = [&](const rvd::v1::RegisterLiveModelRequest& r, std::string* message) {
+    grpc::ClientContext ctx;
+    rvd::v1::RegisterLiveModelResponse resp;
+    const grpc::Status s = stub_->RegisterLiveModel(&ctx, r, &resp);
+    *message = s.error_message();
+    return s.error_code();
+  };
+  std::string message;
+  // A handle that does not open (64 bytes of garbage).
+  rvd::v1::RegisterLiveModelRequest r = Request("gpu-refused", false);
+  for (rvd::v1::LiveTensor& t : *r.mutable_tensors()) {
+    if (t.handle_kind() == rvd::v1::IPC_HANDLE_KIND_CUDA_IPC) t.set_handle(std::string(64, '\x5a'));
+  }
+  EXPECT_EQ(code(r, &message), grpc::StatusCode::INVALID_ARGUMENT) << message;
+  EXPECT_NE(message.find("does not map"), std::string::npos) << message;
+  // Another device.
+  r = Request("gpu-refused", false);
+  r.set_device_uuid("GPU-00000000-0000-0000-0000-000000000000");
+  EXPECT_EQ(code(r, &message), grpc::StatusCode::FAILED_PRECONDITION) << message;
+  // A tensor past the end of the real allocation, declared inside a
+  // larger segment: the mapping's size (from the module) refuses it.
+  r = Request("gpu-refused", false);
+  const Placement place = Place();
+  for (rvd::v1::LiveTensor& t : *r.mutable_tensors()) {
+    if (t.handle_kind() == rvd::v1::IPC_HANDLE_KIND_CUDA_IPC) {
+      t.set_segment_bytes(place.segment_bytes[1] * 4);
+    }
+  }
+  r.mutable_tensors(4)->set_offset_bytes(place.segment_bytes[1] * 2);
+  EXPECT_EQ(code(r, &message), grpc::StatusCode::INVALID_ARGUMENT) << message;
+  EXPECT_NE(message.find("lies outside its segment"), std::string::npos) << message;
+  // Then the same model registers and measures.
+  rvd::v1::RegisterLiveModelResponse ok;
+  {
+    grpc::ClientContext ctx;
+    const grpc::Status s = stub_->RegisterLiveModel(&ctx, Request("gpu-refused", true), &ok);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  EXPECT_EQ(ok.segments_mapped(), 2u);
+  EXPECT_EQ(ok.segments_reused(), 0u);  // nothing of the refusals stayed mapped
+  ExpectVersion(ok.measurement(), 0);
+}
+
 }  // namespace
 }  // namespace rvd
 
