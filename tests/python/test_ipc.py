@@ -735,3 +735,23 @@ def test_write_right_after_notify_on_cpu(monkeypatch, broken):
         assert checker.failures
     else:
         assert not checker.failures, checker.failures[:5]
+
+
+def test_exports_while_the_watch_appends(fake_rvd, tmp_path):
+    """ipc: history, exports and summary while measurements arrive on the
+    watch's thread (they read a copy taken under the monitor's lock)."""
+    model = models.LlamaForCausalLM()
+    mon = rvd.RVMonitor(model, mode="training", measurement_interval=1,
+                        transport="ipc", address=fake_rvd.address, history_maxlen=5)
+    for n in range(1, 40):
+        mon.step()
+        mon.export_json(tmp_path / "h.json")
+        mon.export_csv(tmp_path / "h.csv")
+        assert "RVMonitor" in mon.summary()
+    assert wait_for(lambda: mon.history and mon.history[-1].step == 39)
+    import json
+    mon.export_json(tmp_path / "h.json")
+    doc = json.loads((tmp_path / "h.json").read_text())
+    assert [h["step"] for h in doc["history"]] == list(range(35, 40))
+    assert doc["measurements"] == 39
+    mon.close()

@@ -540,7 +540,7 @@ class RVMonitor:
             "adaptive": self.adaptive, "delta_threshold": self.delta_threshold,
             "per_head": self.per_head, "address": self.client.address,
             "measurements": self._count,
-            "history": [self._record_json(r) for r in self._history],
+            "history": [self._record_json(r) for r in self.history],
         }
         with open(path, "w") as f:
             json.dump(doc, f, indent=2)
@@ -555,7 +555,7 @@ class RVMonitor:
         with open(path, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(list(self.CSV_FIELDS) + [f"pr_layer_{l}" for l in self._layers])
-            for r in self._history:
+            for r in self.history:  # a copy: the ipc watch appends meanwhile
                 row = [getattr(r, k) for k in self.CSV_FIELDS]
                 row += [r.per_layer_pr.get(l) for l in self._layers]
                 w.writerow(["" if v is None else repr(v) if isinstance(v, float)
