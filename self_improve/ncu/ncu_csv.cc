@@ -63,11 +63,27 @@ std::optional<double> ParseNumber(absl::string_view text) {
 // The columns that describe a launch, not a metric (raw page: every other
 // column is a metric).
 bool IsLaunchColumn(absl::string_view name) {
-  static constexpr absl::string_view kColumns[] = {
-      "ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Kernel Time",
-      "Context", "Stream", "Block Size", "Grid Size", "Device", "CC", "Section Name",
-      "Metric Name", "Metric Unit", "Metric Value", "Rule Name", "Rule Type",
-      "Rule Description", "Estimated Speedup Type", "Estimated Speedup"};
+  static constexpr absl::string_view kColumns[] = {"ID",
+                                                   "Process ID",
+                                                   "Process Name",
+                                                   "Host Name",
+                                                   "Kernel Name",
+                                                   "Kernel Time",
+                                                   "Context",
+                                                   "Stream",
+                                                   "Block Size",
+                                                   "Grid Size",
+                                                   "Device",
+                                                   "CC",
+                                                   "Section Name",
+                                                   "Metric Name",
+                                                   "Metric Unit",
+                                                   "Metric Value",
+                                                   "Rule Name",
+                                                   "Rule Type",
+                                                   "Rule Description",
+                                                   "Estimated Speedup Type",
+                                                   "Estimated Speedup"};
   return std::find(std::begin(kColumns), std::end(kColumns), name) != std::end(kColumns);
 }
 
@@ -110,8 +126,7 @@ NcuLaunch LaunchFrom(const Columns& c, const std::vector<std::string>& row, int6
   return l;
 }
 
-NcuMetric MakeMetric(std::string section, std::string name, std::string unit,
-                     std::string text) {
+NcuMetric MakeMetric(std::string section, std::string name, std::string unit, std::string text) {
   NcuMetric m;
   m.section = std::move(section);
   m.name = std::move(name);
@@ -173,8 +188,8 @@ std::optional<double> NcuMetric::BaseValue() const {
   const std::vector<absl::string_view> parts = absl::StrSplit(unit, '/');
   static constexpr std::pair<char, double> kPrefixes[] = {
       {'n', 1e-9}, {'u', 1e-6}, {'m', 1e-3}, {'K', 1e3}, {'M', 1e6}, {'G', 1e9}, {'T', 1e12}};
-  static constexpr absl::string_view kBases[] = {"second", "byte", "hz", "cycle", "inst",
-                                                 "warp", "thread", "block", "sector", "request"};
+  static constexpr absl::string_view kBases[] = {"second", "byte",   "hz",    "cycle",  "inst",
+                                                 "warp",   "thread", "block", "sector", "request"};
   auto scale = [&](absl::string_view u) {
     if (u.size() < 2) return 1.0;
     const absl::string_view base = u.substr(1);
@@ -203,7 +218,7 @@ absl::StatusOr<NcuReport> ParseNcuCsv(absl::string_view text) {
   size_t width = 0;
   bool details = false;
   std::vector<std::string> header;
-  std::vector<std::string> units;  // raw page: the row under the header
+  std::vector<std::string> units;   // raw page: the row under the header
   std::map<int64_t, size_t> by_id;  // launch id -> index in report.launches
   absl::flat_hash_map<std::string, int64_t> text_ids;
 
@@ -226,8 +241,8 @@ absl::StatusOr<NcuReport> ParseNcuCsv(absl::string_view text) {
         header = *fields;
         columns.emplace(header);
         width = header.size();
-        details = columns->Find("Metric Name").has_value() ||
-                  columns->Find("Metric Value").has_value();
+        details =
+            columns->Find("Metric Name").has_value() || columns->Find("Metric Value").has_value();
         if (details && !(columns->Find("Metric Name") && columns->Find("Metric Value"))) {
           return absl::InvalidArgumentError(
               "ncu csv: the details header needs both \"Metric Name\" and \"Metric Value\"");
@@ -302,13 +317,12 @@ NcuMetrics ToNcuMetrics(const NcuLaunch& l) {
       Lookup(l, "sm__warps_active.avg.pct_of_peak_sustained_active", {"Achieved Occupancy"});
   m.registers_per_thread = Lookup(l, "launch__registers_per_thread", {"Registers Per Thread"});
   const std::optional<double> active = Lookup(l, "sm__cycles_active.avg", {"SM Active Cycles"});
-  const std::optional<double> elapsed =
-      Lookup(l, "sm__cycles_elapsed.avg", {"Elapsed Cycles"});
+  const std::optional<double> elapsed = Lookup(l, "sm__cycles_elapsed.avg", {"Elapsed Cycles"});
   if (active && elapsed && *elapsed > 0) m.sm_active_cycles_pct = 100.0 * *active / *elapsed;
-  const std::optional<double> stall = Lookup(
-      l, "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio");
-  const std::optional<double> cycles = Lookup(
-      l, "smsp__average_warp_latency_per_inst_issued.ratio", {"Warp Cycles Per Issued Instruction"});
+  const std::optional<double> stall =
+      Lookup(l, "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio");
+  const std::optional<double> cycles = Lookup(l, "smsp__average_warp_latency_per_inst_issued.ratio",
+                                              {"Warp Cycles Per Issued Instruction"});
   if (stall && cycles && *cycles > 0) m.memory_stall_pct = 100.0 * *stall / *cycles;
   return m;
 }
@@ -327,8 +341,7 @@ absl::StatusOr<NcuMetrics> SummarizeLaunches(const NcuReport& report,
   if (each.empty()) {
     return absl::NotFoundError(absl::StrCat("ncu: no launch of ", kernel_name, " in the report",
                                             names.empty() ? "" : " (it has ",
-                                            absl::StrJoin(names, ", "),
-                                            names.empty() ? "" : ")"));
+                                            absl::StrJoin(names, ", "), names.empty() ? "" : ")"));
   }
   NcuMetrics out;
   auto median = [&](std::optional<double> NcuMetrics::*field) {

@@ -45,7 +45,7 @@ struct NcuLaunch {
   std::string block_size;   // "(256, 1, 1)"
   std::string grid_size;
   std::string device;
-  std::string cc;           // compute capability, "9.0"
+  std::string cc;  // compute capability, "9.0"
   std::string stream;
   std::string process_name;
   std::vector<NcuMetric> metrics;  // in the order printed

@@ -51,7 +51,7 @@ TEST(NcuCsvTest, DetailsPageBySectionLabels) {
   EXPECT_THAT(duration->BaseValue(), Optional(DoubleNear(131.30e-6, 1e-15)));
   const NcuMetric* threads = first.Find("Threads");
   ASSERT_NE(threads, nullptr);
-  EXPECT_THAT(threads->value, Optional(33792.0));  // thousands separator
+  EXPECT_THAT(threads->value, Optional(33792.0));           // thousands separator
   EXPECT_THAT(first.Find("Memory Throughput")->unit, "%");  // the first of a repeated label
   EXPECT_EQ(r->launches[2].Find("SM Active Cycles")->value, std::nullopt);  // "n/a"
   EXPECT_EQ(r->launches[2].Find("SM Active Cycles")->text, "n/a");

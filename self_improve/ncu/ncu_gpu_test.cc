@@ -34,8 +34,8 @@ TEST(NcuGpuTest, ProfilesTheFusedKernel) {
   ASSERT_FALSE(r->launches.empty()) << "no launch profiled";
   for (const std::string& w : r->warnings) std::cout << "ncu warning: " << w << "\n";
   for (const NcuLaunch& l : r->launches) {
-    std::cout << "launch " << l.id << ": " << l.kernel_name << " block " << l.block_size
-              << " grid " << l.grid_size << " cc " << l.cc << "\n";
+    std::cout << "launch " << l.id << ": " << l.kernel_name << " block " << l.block_size << " grid "
+              << l.grid_size << " cc " << l.cc << "\n";
     EXPECT_THAT(l.kernel_name, ::testing::HasSubstr("Fused"));
     for (const std::string& name : NcuMetricNames()) {
       const NcuMetric* m = l.Find(name);

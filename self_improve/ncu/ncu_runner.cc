@@ -49,8 +49,8 @@ class TempDir {
  public:
   TempDir() {
     const char* tmp = std::getenv("TMPDIR");
-    std::string templ = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
-                                     "/rvd-ncu-XXXXXX");
+    std::string templ =
+        absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/rvd-ncu-XXXXXX");
     if (mkdtemp(templ.data()) != nullptr) path_ = templ;
   }
   ~TempDir() {
@@ -71,7 +71,8 @@ absl::StatusOr<std::string> FindNcu(const std::string& explicit_path) {
     return absl::NotFoundError(absl::StrCat("ncu: ", explicit_path, " is not an executable file"));
   }
   const char* path = std::getenv("PATH");
-  for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "", ':', absl::SkipEmpty())) {
+  for (absl::string_view dir :
+       absl::StrSplit(path != nullptr ? path : "", ':', absl::SkipEmpty())) {
     const std::string candidate = absl::StrCat(dir, "/ncu");
     if (IsExecutable(candidate)) return candidate;
   }
@@ -91,23 +92,32 @@ absl::StatusOr<std::string> FindNcu(const std::string& explicit_path) {
       "(Nsight Compute metrics are left out)");
 }
 
-std::vector<std::string> NcuCommandLine(const NcuRunOptions& options,
-                                        const std::string& ncu_path,
+std::vector<std::string> NcuCommandLine(const NcuRunOptions& options, const std::string& ncu_path,
                                         const std::string& log_file,
                                         const std::vector<std::string>& target) {
   std::vector<std::string> argv = {
       ncu_path,
       "--csv",
-      "--page", "raw",
-      "--print-units", "base",
-      "--metrics", absl::StrJoin(options.metrics, ","),
-      "--kernel-name", options.kernel_name,
-      "--launch-skip", absl::StrCat(options.launch_skip),
-      "--launch-count", absl::StrCat(options.launch_count),
-      "--cache-control", "all",
-      "--clock-control", "base",
-      "--target-processes", "all",
-      "--log-file", log_file,
+      "--page",
+      "raw",
+      "--print-units",
+      "base",
+      "--metrics",
+      absl::StrJoin(options.metrics, ","),
+      "--kernel-name",
+      options.kernel_name,
+      "--launch-skip",
+      absl::StrCat(options.launch_skip),
+      "--launch-count",
+      absl::StrCat(options.launch_count),
+      "--cache-control",
+      "all",
+      "--clock-control",
+      "base",
+      "--target-processes",
+      "all",
+      "--log-file",
+      log_file,
   };
   argv.insert(argv.end(), target.begin(), target.end());
   return argv;
@@ -188,9 +198,10 @@ absl::StatusOr<NcuReport> RunNcu(const NcuRunOptions& options,
   }
   for (const std::string& e : errors) {
     if (absl::StrContains(e, "ERR_NVGPUCTRPERM")) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "ncu: ", e, " (the GPU's performance counters are restricted: run rvd with "
-          "CAP_SYS_ADMIN or set NVreg_RestrictProfilingToAdminUsers=0)"));
+      return absl::PermissionDeniedError(
+          absl::StrCat("ncu: ", e,
+                       " (the GPU's performance counters are restricted: run rvd with "
+                       "CAP_SYS_ADMIN or set NVreg_RestrictProfilingToAdminUsers=0)"));
     }
   }
   const bool exited_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;

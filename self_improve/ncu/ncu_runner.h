@@ -39,8 +39,7 @@ absl::StatusOr<std::string> FindNcu(const std::string& explicit_path);
 // in base units, the named metrics, the kernel filter and launch window,
 // caches flushed and clocks at base between passes (ncu's defaults, said
 // explicitly), every process of the target, the output in `log_file`.
-std::vector<std::string> NcuCommandLine(const NcuRunOptions& options,
-                                        const std::string& ncu_path,
+std::vector<std::string> NcuCommandLine(const NcuRunOptions& options, const std::string& ncu_path,
                                         const std::string& log_file,
                                         const std::vector<std::string>& target);
 

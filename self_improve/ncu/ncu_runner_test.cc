@@ -84,11 +84,11 @@ TEST_F(NcuRunnerTest, CommandLine) {
   o.launch_skip = 2;
   o.launch_count = 5;
   EXPECT_THAT(NcuCommandLine(o, "/x/ncu", "/tmp/log.csv", {"/bin/target", "--seed", "7"}),
-              ElementsAre("/x/ncu", "--csv", "--page", "raw", "--print-units", "base",
-                          "--metrics", "a.sum,b.pct", "--kernel-name", "rvd_tune_candidate",
-                          "--launch-skip", "2", "--launch-count", "5", "--cache-control", "all",
-                          "--clock-control", "base", "--target-processes", "all",
-                          "--log-file", "/tmp/log.csv", "/bin/target", "--seed", "7"));
+              ElementsAre("/x/ncu", "--csv", "--page", "raw", "--print-units", "base", "--metrics",
+                          "a.sum,b.pct", "--kernel-name", "rvd_tune_candidate", "--launch-skip",
+                          "2", "--launch-count", "5", "--cache-control", "all", "--clock-control",
+                          "base", "--target-processes", "all", "--log-file", "/tmp/log.csv",
+                          "/bin/target", "--seed", "7"));
 }
 
 TEST_F(NcuRunnerTest, RunsAndParsesTheLogFile) {

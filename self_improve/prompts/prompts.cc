@@ -123,16 +123,16 @@ absl::StatusOr<std::string> RenderPrompt(absl::string_view tmpl,
     }
     absl::StrAppend(&out, tmpl.substr(pos, open - pos));
     const size_t close = tmpl.find("}}", open + 2);
-    const absl::string_view name =
-        close == absl::string_view::npos ? absl::string_view() : tmpl.substr(open + 2, close - open - 2);
-    const bool well_formed =
-        !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
-          return (c >= 'a' && c <= 'z') || c == '_';
-        });
+    const absl::string_view name = close == absl::string_view::npos
+                                       ? absl::string_view()
+                                       : tmpl.substr(open + 2, close - open - 2);
+    const bool well_formed = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+      return (c >= 'a' && c <= 'z') || c == '_';
+    });
     if (!well_formed) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "prompt: a \"{{\" that opens no placeholder at offset ", open, ": \"",
-          tmpl.substr(open, 24), "\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt: a \"{{\" that opens no placeholder at offset ", open, ": \"",
+                       tmpl.substr(open, 24), "\""));
     }
     auto it = vars.find(std::string(name));
     if (it == vars.end()) {
@@ -144,8 +144,7 @@ absl::StatusOr<std::string> RenderPrompt(absl::string_view tmpl,
   }
   for (const auto& [name, value] : vars) {
     if (!used.count(name)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prompt: the template has no {{", name, "}}"));
+      return absl::InvalidArgumentError(absl::StrCat("prompt: the template has no {{", name, "}}"));
     }
   }
   return out;
@@ -170,11 +169,10 @@ std::string FormatTarget(const TuneTarget& t) {
                                      s.cols, std::min(s.rows, s.cols), std::max(s.rows, s.cols),
                                      s.rows > s.cols ? ", tall: G = W^T W" : ""));
   }
-  return absl::StrCat("- registry entry: variant ", t.variant, ", dtype ", DTypeName(t.dtype),
-                      " (elements ", ElementType(t.dtype), "), shape class ", t.shape_class,
-                      "\n- architecture: ", t.arch,
-                      "\n- timed and checked on: ",
-                      shapes.empty() ? "(no shapes)" : absl::StrJoin(shapes, "; "));
+  return absl::StrCat(
+      "- registry entry: variant ", t.variant, ", dtype ", DTypeName(t.dtype), " (elements ",
+      ElementType(t.dtype), "), shape class ", t.shape_class, "\n- architecture: ", t.arch,
+      "\n- timed and checked on: ", shapes.empty() ? "(no shapes)" : absl::StrJoin(shapes, "; "));
 }
 
 std::string FormatProfile(const KernelProfile& p) {
@@ -182,7 +180,8 @@ std::string FormatProfile(const KernelProfile& p) {
   if (p.seconds <= 0) {
     lines.push_back("- not timed yet");
   } else {
-    lines.push_back(absl::StrFormat("- one launch over the batch: %.2f us (median)", p.seconds * 1e6));
+    lines.push_back(
+        absl::StrFormat("- one launch over the batch: %.2f us (median)", p.seconds * 1e6));
     if (p.bytes > 0) {
       lines.push_back(absl::StrFormat(
           "- memory: %.1f MB read, %.1f GB/s%s", p.bytes / 1e6, p.BytesPerSecond() / 1e9,
@@ -201,8 +200,7 @@ std::string FormatProfile(const KernelProfile& p) {
                                 p.peak_flops_per_second / 1e12)
               : ""));
     }
-    if (p.bytes > 0 && p.flops > 0 && p.peak_bytes_per_second > 0 &&
-        p.peak_flops_per_second > 0) {
+    if (p.bytes > 0 && p.flops > 0 && p.peak_bytes_per_second > 0 && p.peak_flops_per_second > 0) {
       lines.push_back(absl::StrFormat(
           "- arithmetic intensity: %.1f flop/byte (ridge point %.1f); memory-bandwidth floor "
           "%.2f us",
@@ -219,10 +217,9 @@ std::string FormatProfile(const KernelProfile& p) {
     lines.push_back(absl::StrCat(
         "- Nsight Compute: SM throughput ", Percent(n.sm_throughput_pct), ", SM active cycles ",
         Percent(n.sm_active_cycles_pct), ", DRAM throughput ", Percent(n.dram_throughput_pct),
-        ", L1 hit rate ", Percent(n.l1_hit_rate_pct), ", L2 hit rate ",
-        Percent(n.l2_hit_rate_pct), ", achieved occupancy ", Percent(n.achieved_occupancy_pct),
-        ", warp cycles stalled on memory ", Percent(n.memory_stall_pct),
-        ", registers per thread ",
+        ", L1 hit rate ", Percent(n.l1_hit_rate_pct), ", L2 hit rate ", Percent(n.l2_hit_rate_pct),
+        ", achieved occupancy ", Percent(n.achieved_occupancy_pct),
+        ", warp cycles stalled on memory ", Percent(n.memory_stall_pct), ", registers per thread ",
         n.registers_per_thread ? absl::StrCat(*n.registers_per_thread) : "n/a"));
   }
   return absl::StrJoin(lines, "\n");
@@ -327,8 +324,7 @@ absl::StatusOr<std::string> CompileErrorPrompt(const CandidateRequest& r) {
                       {{"arch", r.target.arch}, {"compile_log", log}, {"signature", r.signature}});
 }
 
-absl::StatusOr<std::string> WrongAnswerPrompt(const CandidateRequest& r,
-                                              absl::string_view error) {
+absl::StatusOr<std::string> WrongAnswerPrompt(const CandidateRequest& r, absl::string_view error) {
   return RenderPrompt(PromptText(PromptTemplate::kWrongAnswer),
                       {{"error", std::string(error)}, {"signature", r.signature}});
 }

@@ -19,7 +19,8 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-constexpr PromptTemplate kAll[] = {PromptTemplate::kSystem, PromptTemplate::kAnalyzeBottleneck,
+constexpr PromptTemplate kAll[] = {PromptTemplate::kSystem,
+                                   PromptTemplate::kAnalyzeBottleneck,
                                    PromptTemplate::kSuggestOptimization,
                                    PromptTemplate::kVerifyCorrectness,
                                    PromptTemplate::kCompileError,
@@ -111,8 +112,9 @@ TEST(PromptsTest, SuggestOptimizationCarriesEverything) {
   EXPECT_THAT(*p, HasSubstr("**memory_bandwidth**"));
   EXPECT_THAT(*p, HasSubstr("DRAM at 86% of peak (> 80%)"));
   EXPECT_THAT(*p, HasSubstr("DRAM-bound: rows re-read per tile"));
-  EXPECT_THAT(*p, HasSubstr("| 2 | float4 loads \\| unrolled | incorrect | - | PR off by 3e-5 on the "
-                            "power-law inputs |"));
+  EXPECT_THAT(*p,
+              HasSubstr("| 2 | float4 loads \\| unrolled | incorrect | - | PR off by 3e-5 on the "
+                        "power-law inputs |"));
   EXPECT_THAT(*p, HasSubstr("| 3 | 128x128 tiles | slower | 240.00 | 1.2% faster, spread 2% |"));
   // The technique menu, the tolerance, the contract and the types.
   for (const char* section : {"**memory_bandwidth**", "**compute**", "**occupancy**",
@@ -124,7 +126,7 @@ TEST(PromptsTest, SuggestOptimizationCarriesEverything) {
   EXPECT_THAT(*p, HasSubstr("struct MatrixDesc {"));
   EXPECT_THAT(*p, HasSubstr("struct TuneJob {"));
   EXPECT_THAT(*p, HasSubstr("int32_t diagonal;"));
-  EXPECT_THAT(*p, HasSubstr("WriteBlockSums("));  // block_sums.cuh, quoted
+  EXPECT_THAT(*p, HasSubstr("WriteBlockSums("));                // block_sums.cuh, quoted
   EXPECT_THAT(*p, HasSubstr("`kernels/cuda/block_sums.cuh`"));  // the includes allowed
   EXPECT_THAT(*p, HasSubstr("`cuda/std/...`"));
   EXPECT_THAT(*p, Not(HasSubstr("{{")));

@@ -58,7 +58,6 @@ int OnProgress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
   return 0;
 }
 
-
 class CurlTransport : public HttpTransport {
  public:
   CurlTransport() {
@@ -165,8 +164,6 @@ std::string LoggableUrl(absl::string_view url) {
   return absl::StrCat(url.substr(0, scheme + 3), url.substr(at + 1));
 }
 
-std::unique_ptr<HttpTransport> NewCurlTransport() {
-  return std::make_unique<CurlTransport>();
-}
+std::unique_ptr<HttpTransport> NewCurlTransport() { return std::make_unique<CurlTransport>(); }
 
 }  // namespace rvd::tune

@@ -26,17 +26,17 @@ struct HttpRequest {
   // Header lines as (name, value). May carry a key: a transport never puts
   // a header value in a log line or a status message.
   std::vector<std::pair<std::string, std::string>> headers;
-  std::string body;                    // sent as is (the caller sets Content-Type)
+  std::string body;  // sent as is (the caller sets Content-Type)
   absl::Duration connect_timeout = absl::Seconds(10);
   absl::Duration total_timeout = absl::Seconds(300);  // connect to last byte
-  size_t max_response_bytes = 8 << 20;  // a longer body is RESOURCE_EXHAUSTED
+  size_t max_response_bytes = 8 << 20;                // a longer body is RESOURCE_EXHAUSTED
   // When it turns true the transfer stops within about a second
   // (curl looks at least once a second): CANCELLED.
   const std::atomic<bool>* cancelled = nullptr;
 };
 
 struct HttpResponse {
-  long status = 0;          // the HTTP status code
+  long status = 0;  // the HTTP status code
   std::string body;
   std::string retry_after;  // the Retry-After header's value, "" when absent
 };

@@ -27,9 +27,7 @@ struct Lexed {
   std::vector<std::string> includes;  // each #include's header name
 };
 
-bool IsIdent(char c) {
-  return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_';
-}
+bool IsIdent(char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; }
 
 // Enough of C++'s lexer for comparing declarations and spotting names:
 // identifiers and numbers, string and character literals, `::`, `<<<`,
@@ -78,9 +76,8 @@ Lexed Lex(absl::string_view s) {
         line = absl::StripLeadingAsciiWhitespace(line);
         if (!line.empty() && (line[0] == '<' || line[0] == '"')) {
           const size_t close = line.find(line[0] == '<' ? '>' : '"', 1);
-          out.includes.emplace_back(line.substr(1, close == absl::string_view::npos
-                                                       ? absl::string_view::npos
-                                                       : close - 1));
+          out.includes.emplace_back(line.substr(
+              1, close == absl::string_view::npos ? absl::string_view::npos : close - 1));
         } else {
           out.includes.emplace_back(line);  // a macro include: allowed by nothing
         }
@@ -110,12 +107,12 @@ Lexed Lex(absl::string_view s) {
 
 // Tokens a candidate may add to the signature, and __launch_bounds__(...).
 std::vector<absl::string_view> Normalized(const std::vector<Token>& tokens, size_t begin,
-                                         size_t end) {
+                                          size_t end) {
   std::vector<absl::string_view> out;
   for (size_t i = begin; i < end; ++i) {
     const absl::string_view t = tokens[i].text;
-    if (t == "inline" || t == "__forceinline__" || t == "__noinline__" ||
-        t == "__restrict__" || t == "__restrict") {
+    if (t == "inline" || t == "__forceinline__" || t == "__noinline__" || t == "__restrict__" ||
+        t == "__restrict") {
       continue;
     }
     if (t == "__launch_bounds__" && i + 1 < end && tokens[i + 1].text == "(") {
@@ -143,12 +140,11 @@ size_t MatchingParen(const std::vector<Token>& tokens, size_t open) {
 
 // `text` with each run of whitespace one space.
 std::string Collapse(absl::string_view text) {
-  return absl::StrJoin(absl::StrSplit(text, absl::ByAnyChar(" \t\r\n"), absl::SkipEmpty()),
-                       " ");
+  return absl::StrJoin(absl::StrSplit(text, absl::ByAnyChar(" \t\r\n"), absl::SkipEmpty()), " ");
 }
 
 struct EntryScan {
-  int matching = 0;              // definitions with the signature
+  int matching = 0;                // definitions with the signature
   std::vector<std::string> other;  // definitions or declarations that differ, as written
 };
 
@@ -188,10 +184,13 @@ EntryScan ScanEntry(absl::string_view source, const Lexed& lexed, absl::string_v
 // The host-side names a device-code-only candidate must not use.
 absl::string_view HostName(absl::string_view t) {
   static constexpr absl::string_view kPrefixes[] = {
-      "cudaMalloc", "cudaFree",  "cudaMemcpy", "cudaMemset",       "cudaStream",
-      "cudaEvent",  "cudaGraph", "cudaLaunch", "cudaDeviceSynchronize", "cudaDeviceReset",
-      "cudaSetDevice", "cudaHostAlloc", "cublas", "cudnn", "cutlass",
-      "cuLaunch",  "cuMem",     "cuStream",   "cuCtx",            "cuModule"};
+      "cudaMalloc",      "cudaFree",      "cudaMemcpy",
+      "cudaMemset",      "cudaStream",    "cudaEvent",
+      "cudaGraph",       "cudaLaunch",    "cudaDeviceSynchronize",
+      "cudaDeviceReset", "cudaSetDevice", "cudaHostAlloc",
+      "cublas",          "cudnn",         "cutlass",
+      "cuLaunch",        "cuMem",         "cuStream",
+      "cuCtx",           "cuModule"};
   for (absl::string_view p : kPrefixes) {
     if (absl::StartsWith(t, p)) return p;
   }
@@ -208,8 +207,8 @@ bool IncludeAllowed(absl::string_view header, const std::vector<std::string>& al
 }
 
 bool IsCodeInfo(absl::string_view info) {
-  static constexpr absl::string_view kTags[] = {"",   "cuda", "cu",  "cuh", "c++", "cpp",
-                                               "cxx", "cc",  "c",   "h",   "hpp"};
+  static constexpr absl::string_view kTags[] = {"",    "cuda", "cu", "cuh", "c++", "cpp",
+                                                "cxx", "cc",   "c",  "h",   "hpp"};
   return std::find(std::begin(kTags), std::end(kTags), info) != std::end(kTags) ||
          absl::StartsWith(info, "cuda");
 }
@@ -225,8 +224,9 @@ absl::Status CheckDeviceOnly(const Lexed& lexed, const KernelExtractOptions& opt
   for (const Token& t : lexed.tokens) {
     if (t.text == "__global__") ++globals;
     if (t.text == "<<<") {
-      return Wrong("the kernel launches a kernel (<<<...>>>): a candidate is device code "
-                   "only, rvd owns every launch");
+      return Wrong(
+          "the kernel launches a kernel (<<<...>>>): a candidate is device code "
+          "only, rvd owns every launch");
     }
     if (absl::string_view host = HostName(t.text); !host.empty()) {
       return Wrong(absl::StrCat("the kernel uses ", t.text, " (", host,
@@ -241,7 +241,8 @@ absl::Status CheckDeviceOnly(const Lexed& lexed, const KernelExtractOptions& opt
   }
   for (const std::string& header : lexed.includes) {
     if (!IncludeAllowed(header, options.allowed_includes)) {
-      return Wrong(absl::StrCat("the kernel includes \"", header, "\", which a candidate may "
+      return Wrong(absl::StrCat("the kernel includes \"", header,
+                                "\", which a candidate may "
                                 "not: allowed are ",
                                 absl::StrJoin(options.allowed_includes, ", ")));
     }
@@ -323,21 +324,20 @@ absl::StatusOr<std::string> ExtractKernelSource(absl::string_view reply,
   if (options.truncated && (chosen == nullptr || !chosen->closed) && open_at_end) {
     return WithLlmErrorKind(
         absl::ResourceExhaustedError("the reply stopped at max_tokens inside its code block: raise "
-                              "max_tokens or ask for a shorter kernel"),
+                                     "max_tokens or ask for a shorter kernel"),
         LlmErrorKind::kTruncated);
   }
   if (code_blocks == 0) {
     return WithLlmErrorKind(
-        absl::InvalidArgumentError(absl::StrCat(
-            "the reply has no fenced code block (", reply.size(), " chars of prose",
-            options.truncated ? ", cut at max_tokens" : "", ")")),
+        absl::InvalidArgumentError(
+            absl::StrCat("the reply has no fenced code block (", reply.size(), " chars of prose",
+                         options.truncated ? ", cut at max_tokens" : "", ")")),
         LlmErrorKind::kNoCode);
   }
   if (chosen == nullptr) {
     if (!changed.empty()) {
       return Wrong(absl::StrCat("the signature of ", name, " changed: want `",
-                                Collapse(options.signature), "`, found `", changed.back(),
-                                "`"));
+                                Collapse(options.signature), "`, found `", changed.back(), "`"));
     }
     return Wrong(absl::StrCat("no code block defines ", name, " (want `",
                               Collapse(options.signature), "`)"));

@@ -26,11 +26,18 @@ struct KernelExtractOptions {
   // Headers a candidate may include (the NVRTC include path has the
   // toolkit's and rvd's source root): an entry ending in '/' allows every
   // header under it. The suggestion prompt lists these.
-  std::vector<std::string> allowed_includes = {
-      "cuda_bf16.h", "cuda_fp16.h", "mma.h", "cuda_pipeline.h", "cuda/std/",
-      "cuda/barrier", "cuda/pipeline", "cooperative_groups.h", "cooperative_groups/",
-      "kernels/cuda/descriptors.h", "kernels/cuda/block_sums.cuh",
-      "self_improve/candidate_abi.h"};
+  std::vector<std::string> allowed_includes = {"cuda_bf16.h",
+                                               "cuda_fp16.h",
+                                               "mma.h",
+                                               "cuda_pipeline.h",
+                                               "cuda/std/",
+                                               "cuda/barrier",
+                                               "cuda/pipeline",
+                                               "cooperative_groups.h",
+                                               "cooperative_groups/",
+                                               "kernels/cuda/descriptors.h",
+                                               "kernels/cuda/block_sums.cuh",
+                                               "self_improve/candidate_abi.h"};
   bool truncated = false;  // the reply stopped at max_tokens
 };
 

@@ -56,10 +56,9 @@ absl::Status Error(absl::string_view reply, KernelExtractOptions o = Options()) 
 }
 
 TEST(KernelExtractTest, TakesTheBlockThatDefinesTheEntry) {
-  const std::string reply =
-      absl::StrCat("Technique: grid-stride jobs\n\nA helper first:\n",
-                   Fenced("__device__ int Helper();\n"), "And the kernel:\n", Fenced(kKernel),
-                   "Done.\n");
+  const std::string reply = absl::StrCat("Technique: grid-stride jobs\n\nA helper first:\n",
+                                         Fenced("__device__ int Helper();\n"), "And the kernel:\n",
+                                         Fenced(kKernel), "Done.\n");
   absl::StatusOr<std::string> s = ExtractKernelSource(reply, Options());
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(*s, kKernel);
@@ -164,7 +163,8 @@ TEST(KernelExtractTest, IncludesOutsideTheListAreRefused) {
     EXPECT_EQ(LlmErrorKindOf(s), LlmErrorKind::kWrongKernel) << inc;
     EXPECT_THAT(std::string(s.message()), HasSubstr("includes")) << inc;
   }
-  for (const char* inc : {"#include <cuda/std/cstdint>\n", "#include \"kernels/cuda/block_sums.cuh\"\n"}) {
+  for (const char* inc :
+       {"#include <cuda/std/cstdint>\n", "#include \"kernels/cuda/block_sums.cuh\"\n"}) {
     EXPECT_TRUE(ExtractKernelSource(Fenced(absl::StrCat(inc, kKernel)), Options()).ok()) << inc;
   }
 }
@@ -190,8 +190,8 @@ TEST(KernelExtractTest, TheBuiltInKernelsPassTheFilter) {
     for (const SpacePoint& p : Points(DefaultSpace(), dtype)) {
       absl::StatusOr<Candidate> c = Emit(p, dtype);
       ASSERT_TRUE(c.ok()) << PointKey(p) << ": " << c.status();
-      absl::StatusOr<std::string> s =
-          ExtractKernelSource(absl::StrCat("Technique: ", c->description, "\n", Fenced(c->source)), o);
+      absl::StatusOr<std::string> s = ExtractKernelSource(
+          absl::StrCat("Technique: ", c->description, "\n", Fenced(c->source)), o);
       ASSERT_TRUE(s.ok()) << PointKey(p) << " " << DTypeName(dtype) << ": " << s.status();
       EXPECT_EQ(*s, absl::EndsWith(c->source, "\n") ? c->source : c->source + "\n");
       ++checked;

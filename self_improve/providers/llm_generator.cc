@@ -175,7 +175,8 @@ class LlmGenerator : public Generator {
     Candidate c;
     c.source = *std::move(source);
     c.description = LineValue(reply.text, "Technique");
-    if (c.description.empty()) c.description = absl::StrCat("LLM candidate, iteration ", r.iteration);
+    if (c.description.empty())
+      c.description = absl::StrCat("LLM candidate, iteration ", r.iteration);
     return c;
   }
 
@@ -262,10 +263,9 @@ class LlmGenerator : public Generator {
     if (!suggest.ok()) return suggest.status();
     absl::StatusOr<std::string> log = CompileErrorPrompt(r);
     if (!log.ok()) return log.status();
-    std::vector<ChatMessage> messages = {
-        {Role::kUser, *std::move(suggest)},
-        {Role::kAssistant, Fenced(r.failed_source)},
-        {Role::kUser, *std::move(log)}};
+    std::vector<ChatMessage> messages = {{Role::kUser, *std::move(suggest)},
+                                         {Role::kAssistant, Fenced(r.failed_source)},
+                                         {Role::kUser, *std::move(log)}};
     return AskForKernel(r, std::move(messages));
   }
 
@@ -315,8 +315,7 @@ absl::StatusOr<LlmGeneratorOptions> ParseLlmGeneratorOptions(
       c.api_key_env = value;
     } else if (key == "connect_timeout_seconds" || key == "request_timeout_seconds") {
       if (!absl::SimpleAtod(value, &d) || !(d > 0)) return BadSetting(key, value, "> 0");
-      (key == "connect_timeout_seconds" ? c.connect_timeout : c.request_timeout) =
-          absl::Seconds(d);
+      (key == "connect_timeout_seconds" ? c.connect_timeout : c.request_timeout) = absl::Seconds(d);
     } else if (key == "max_tokens") {
       if (!absl::SimpleAtoi(value, &i) || i < 1) return BadSetting(key, value, "an integer >= 1");
       c.max_tokens = i;
@@ -338,14 +337,14 @@ absl::StatusOr<LlmGeneratorOptions> ParseLlmGeneratorOptions(
         return BadSetting(key, value, "an integer in [0, 5]");
       }
       o.max_format_retries = i;
-    } else if (key == "openai_max_completion_tokens" || key == "analyze" ||
-               key == "self_review") {
+    } else if (key == "openai_max_completion_tokens" || key == "analyze" || key == "self_review") {
       if (!absl::SimpleAtob(value, &b)) return BadSetting(key, value, "true or false");
-      (key == "analyze" ? o.analyze
-                        : key == "self_review" ? o.self_review : c.openai_max_completion_tokens) = b;
+      (key == "analyze"       ? o.analyze
+       : key == "self_review" ? o.self_review
+                              : c.openai_max_completion_tokens) = b;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat("llm generator: unknown setting \"", key,
-                                                     "\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("llm generator: unknown setting \"", key, "\""));
     }
   }
   if (c.model.empty()) return absl::InvalidArgumentError("llm generator: no model");

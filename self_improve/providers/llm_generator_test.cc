@@ -50,11 +50,11 @@ std::string Suggestion(const std::string& kernel = kKernel,
 // An OpenAI chat completion whose text is `text`.
 ScriptedReply Reply(const std::string& text, const std::string& finish = "stop") {
   ScriptedReply r;
-  r.body = json{{"model", "m"},
-                {"choices",
-                 {{{"message", {{"role", "assistant"}, {"content", text}}},
-                   {"finish_reason", finish}}}}}
-               .dump();
+  r.body =
+      json{{"model", "m"},
+           {"choices",
+            {{{"message", {{"role", "assistant"}, {"content", text}}}, {"finish_reason", finish}}}}}
+          .dump();
   return r;
 }
 
@@ -135,8 +135,8 @@ TEST_F(LlmGeneratorTest, AnalyzeSuggestReview) {
 TEST_F(LlmGeneratorTest, ReviewThatFixesReplacesTheKernel) {
   const std::string fixed = absl::StrReplaceAll(kKernel, {{"maxabs[j] = 0;", "maxabs[j] = 0.0f;"}});
   server_.Enqueue(Reply(Suggestion()));
-  server_.Enqueue(Reply(absl::StrCat("**Verdict:** fixed: maxabs as a float literal\n```cuda\n",
-                                     fixed, "```")));
+  server_.Enqueue(Reply(
+      absl::StrCat("**Verdict:** fixed: maxabs as a float literal\n```cuda\n", fixed, "```")));
   std::unique_ptr<Generator> g = Make(Options(false, true));
   absl::StatusOr<Candidate> c = g->Generate(Request());
   ASSERT_TRUE(c.ok()) << c.status();
@@ -204,8 +204,8 @@ TEST_F(LlmGeneratorTest, WrongKernelTwiceIsTheIterationsError) {
 }
 
 TEST_F(LlmGeneratorTest, MissingLaunchAnnotationIsAWrongKernel) {
-  const std::string bare =
-      absl::StrReplaceAll(kKernel, {{"// rvd-launch: threads=256 smem=0 tile_rows=0 tile_cols=0\n", ""}});
+  const std::string bare = absl::StrReplaceAll(
+      kKernel, {{"// rvd-launch: threads=256 smem=0 tile_rows=0 tile_cols=0\n", ""}});
   server_.Enqueue(Reply(Suggestion(bare)));
   server_.Enqueue(Reply(Suggestion()));
   std::unique_ptr<Generator> g = Make(Options(false, false));
@@ -242,11 +242,11 @@ TEST_F(LlmGeneratorTest, CompileErrorRetryIsOneMoreTurn) {
 
 TEST_F(LlmGeneratorTest, RefusalIsNotRetried) {
   ScriptedReply refused;
-  refused.body =
-      json{{"choices",
-            {{{"message", {{"role", "assistant"}, {"content", nullptr}, {"refusal", "No."}}},
-              {"finish_reason", "stop"}}}}}
-          .dump();
+  refused.body = json{
+      {"choices",
+       {{{"message", {{"role", "assistant"}, {"content", nullptr}, {"refusal", "No."}}},
+         {"finish_reason",
+          "stop"}}}}}.dump();
   server_.Enqueue(refused);
   std::unique_ptr<Generator> g = Make(Options(false, false));
   absl::StatusOr<Candidate> c = g->Generate(Request());
@@ -266,7 +266,8 @@ TEST_F(LlmGeneratorTest, HttpErrorAtTheAnalysisEndsTheIteration) {
 }
 
 TEST_F(LlmGeneratorTest, CutReplyIsNeverOutOfRange) {
-  const std::string cut = absl::StrCat("Technique: x\n```cuda\n", std::string(kKernel).substr(0, 120));
+  const std::string cut =
+      absl::StrCat("Technique: x\n```cuda\n", std::string(kKernel).substr(0, 120));
   server_.Enqueue(Reply(cut, "length"));
   server_.Enqueue(Reply(cut, "length"));
   std::unique_ptr<Generator> g = Make(Options(false, false));
@@ -319,10 +320,16 @@ INSTANTIATE_TEST_SUITE_P(Protocols, LlmGeneratorProtocolTest,
                          [](const auto& info) { return LlmProtocolName(info.param); });
 
 TEST(LlmGeneratorOptionsTest, Settings) {
-  absl::StatusOr<LlmGeneratorOptions> o = ParseLlmGeneratorOptions(
-      {{"protocol", "anthropic"}, {"model", "claude-x"}, {"max_tokens", "4096"},
-       {"temperature", ""}, {"request_timeout_seconds", "120"}, {"analyze", "false"},
-       {"self_review", "true"}, {"max_format_retries", "2"}, {"api_key_env", "MY_KEY"}});
+  absl::StatusOr<LlmGeneratorOptions> o =
+      ParseLlmGeneratorOptions({{"protocol", "anthropic"},
+                                {"model", "claude-x"},
+                                {"max_tokens", "4096"},
+                                {"temperature", ""},
+                                {"request_timeout_seconds", "120"},
+                                {"analyze", "false"},
+                                {"self_review", "true"},
+                                {"max_format_retries", "2"},
+                                {"api_key_env", "MY_KEY"}});
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->llm.protocol, LlmProtocol::kAnthropic);
   EXPECT_EQ(o->llm.model, "claude-x");
@@ -334,14 +341,13 @@ TEST(LlmGeneratorOptionsTest, Settings) {
   EXPECT_EQ(o->max_format_retries, 2);
   EXPECT_EQ(o->llm.api_key_env, "MY_KEY");
 
-  EXPECT_THAT(std::string(ParseLlmGeneratorOptions({{"model", "m"}, {"max_tokens", "0"}})
-                              .status()
-                              .message()),
-              HasSubstr("max_tokens"));
-  EXPECT_THAT(std::string(ParseLlmGeneratorOptions({{"model", "m"}, {"modle", "x"}})
-                              .status()
-                              .message()),
-              HasSubstr("unknown setting \"modle\""));
+  EXPECT_THAT(
+      std::string(
+          ParseLlmGeneratorOptions({{"model", "m"}, {"max_tokens", "0"}}).status().message()),
+      HasSubstr("max_tokens"));
+  EXPECT_THAT(
+      std::string(ParseLlmGeneratorOptions({{"model", "m"}, {"modle", "x"}}).status().message()),
+      HasSubstr("unknown setting \"modle\""));
   EXPECT_FALSE(ParseLlmGeneratorOptions({{"protocol", "openai"}}).ok());  // no model
   EXPECT_FALSE(ParseLlmGeneratorOptions({{"model", "m"}, {"analyze", "maybe"}}).ok());
 }
@@ -354,10 +360,9 @@ TEST(LlmGeneratorOptionsTest, OptionsForARegisteredName) {
   EXPECT_EQ(o->llm.model, "qwen2.5-coder:32b");
   EXPECT_EQ(o->llm.base_url, "http://gpu-box:11434");
   EXPECT_TRUE(LlmGeneratorOptionsFor("openai:m", {{"protocol", "openai"}}).ok());
-  EXPECT_THAT(std::string(LlmGeneratorOptionsFor("openai:m", {{"model", "other"}})
-                              .status()
-                              .message()),
-              HasSubstr("its name says model m"));
+  EXPECT_THAT(
+      std::string(LlmGeneratorOptionsFor("openai:m", {{"model", "other"}}).status().message()),
+      HasSubstr("its name says model m"));
   EXPECT_FALSE(LlmGeneratorOptionsFor("builtin", {}).ok());
 }
 

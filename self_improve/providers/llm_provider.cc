@@ -85,9 +85,8 @@ bool Retryable(const absl::Status& s, long http_status) {
 
 class HttpLlmProvider : public LlmProvider {
  public:
-  HttpLlmProvider(LlmConfig config, std::unique_ptr<internal::Protocol> protocol,
-                  std::string url, std::string key,
-                  std::unique_ptr<HttpTransport> transport)
+  HttpLlmProvider(LlmConfig config, std::unique_ptr<internal::Protocol> protocol, std::string url,
+                  std::string key, std::unique_ptr<HttpTransport> transport)
       : config_(std::move(config)),
         protocol_(std::move(protocol)),
         url_(std::move(url)),
@@ -122,9 +121,8 @@ class HttpLlmProvider : public LlmProvider {
         reply->attempts = attempt;
         reply->latency = absl::Now() - start;
         spdlog::info("llm {}: reply in {:.1f} s ({} chars, {} tokens in, {} out{}){}", Name(),
-                     absl::ToDoubleSeconds(reply->latency), reply->text.size(),
-                     reply->input_tokens, reply->output_tokens,
-                     reply->truncated ? ", cut at max_tokens" : "",
+                     absl::ToDoubleSeconds(reply->latency), reply->text.size(), reply->input_tokens,
+                     reply->output_tokens, reply->truncated ? ", cut at max_tokens" : "",
                      attempt > 1 ? absl::StrCat(", attempt ", attempt) : "");
         return reply;
       }
@@ -179,14 +177,14 @@ class HttpLlmProvider : public LlmProvider {
     if (response->status < 200 || response->status >= 300) {
       std::string text = body.is_discarded() ? "" : protocol_->ErrorText(body);
       if (text.empty()) text = response->body;
-      return HttpStatusError(
-          response->status, absl::StrCat("llm ", Name(), ": HTTP ", response->status, " from ",
-                                         LoggableUrl(url_), ": ", Excerpt(text)));
+      return HttpStatusError(response->status,
+                             absl::StrCat("llm ", Name(), ": HTTP ", response->status, " from ",
+                                          LoggableUrl(url_), ": ", Excerpt(text)));
     }
     if (body.is_discarded()) {
       return WithLlmErrorKind(
-          absl::DataLossError(absl::StrCat("llm ", Name(), ": reply is not JSON: ",
-                                           Excerpt(response->body))),
+          absl::DataLossError(
+              absl::StrCat("llm ", Name(), ": reply is not JSON: ", Excerpt(response->body))),
           LlmErrorKind::kMalformed);
     }
     absl::StatusOr<ChatReply> reply = protocol_->ParseReply(body);
@@ -194,10 +192,11 @@ class HttpLlmProvider : public LlmProvider {
       // A proxy may answer 200 with an error object: say what it said.
       const std::string error = protocol_->ErrorText(body);
       return WithLlmErrorKind(
-          absl::Status(reply.status().code(),
-                       absl::StrCat("llm ", Name(), ": ", Excerpt(reply.status().message()),
-                                    error.empty() ? "" : absl::StrCat(" (the server says: ",
-                                                                      Excerpt(error), ")"))),
+          absl::Status(
+              reply.status().code(),
+              absl::StrCat(
+                  "llm ", Name(), ": ", Excerpt(reply.status().message()),
+                  error.empty() ? "" : absl::StrCat(" (the server says: ", Excerpt(error), ")"))),
           LlmErrorKindOf(reply.status()));
     }
     if (absl::StripAsciiWhitespace(reply->text).empty()) {
@@ -225,8 +224,7 @@ class HttpLlmProvider : public LlmProvider {
 };
 
 absl::Status ConfigError(std::string message) {
-  return WithLlmErrorKind(absl::InvalidArgumentError(std::move(message)),
-                          LlmErrorKind::kConfig);
+  return WithLlmErrorKind(absl::InvalidArgumentError(std::move(message)), LlmErrorKind::kConfig);
 }
 
 }  // namespace
@@ -247,8 +245,8 @@ absl::StatusOr<LlmProtocol> ParseLlmProtocol(absl::string_view name) {
   for (LlmProtocol p : {LlmProtocol::kOpenAi, LlmProtocol::kAnthropic, LlmProtocol::kOllama}) {
     if (name == LlmProtocolName(p)) return p;
   }
-  return ConfigError(absl::StrCat("llm: unknown protocol \"", Excerpt(name),
-                                  "\" (openai, anthropic or ollama)"));
+  return ConfigError(
+      absl::StrCat("llm: unknown protocol \"", Excerpt(name), "\" (openai, anthropic or ollama)"));
 }
 
 const char* LlmErrorKindName(LlmErrorKind kind) {
@@ -289,7 +287,8 @@ LlmErrorKind LlmErrorKindOf(const absl::Status& status) {
 }
 
 absl::Status WithLlmErrorKind(absl::Status status, LlmErrorKind kind) {
-  if (!status.ok()) status.SetPayload(kKindPayload, absl::Cord(absl::StrCat(static_cast<int>(kind))));
+  if (!status.ok())
+    status.SetPayload(kKindPayload, absl::Cord(absl::StrCat(static_cast<int>(kind))));
   return status;
 }
 
@@ -303,17 +302,17 @@ absl::StatusOr<std::unique_ptr<LlmProvider>> NewLlmProvider(
   while (absl::EndsWith(base, "/")) base.pop_back();
   if ((!absl::StartsWith(base, "http://") && !absl::StartsWith(base, "https://")) ||
       UrlHost(base).empty()) {
-    return ConfigError(absl::StrCat("llm ", name, ": base_url \"", Excerpt(base),
-                                    "\" is not an http(s) URL"));
+    return ConfigError(
+        absl::StrCat("llm ", name, ": base_url \"", Excerpt(base), "\" is not an http(s) URL"));
   }
   if (config.max_tokens < 1 || config.max_attempts < 1 ||
       config.connect_timeout <= absl::ZeroDuration() ||
       config.request_timeout <= absl::ZeroDuration() || config.max_reply_bytes == 0 ||
-      config.initial_backoff < absl::ZeroDuration() ||
-      config.max_backoff < absl::ZeroDuration()) {
-    return ConfigError(absl::StrCat(
-        "llm ", name, ": max_tokens, max_attempts, timeouts and max_reply_bytes must be "
-        "positive, backoffs not negative"));
+      config.initial_backoff < absl::ZeroDuration() || config.max_backoff < absl::ZeroDuration()) {
+    return ConfigError(
+        absl::StrCat("llm ", name,
+                     ": max_tokens, max_attempts, timeouts and max_reply_bytes must be "
+                     "positive, backoffs not negative"));
   }
   const std::string key_env = config.api_key_env.value_or(protocol->DefaultKeyEnv());
   std::string key;
@@ -328,8 +327,10 @@ absl::StatusOr<std::unique_ptr<LlmProvider>> NewLlmProvider(
     }
     key = value;
     if (absl::StartsWith(base, "http://") && !IsLoopback(UrlHost(base))) {
-      return ConfigError(absl::StrCat("llm ", name, ": refusing to send the key over plain "
-                                      "http to ", UrlHost(base), " (use https)"));
+      return ConfigError(absl::StrCat("llm ", name,
+                                      ": refusing to send the key over plain "
+                                      "http to ",
+                                      UrlHost(base), " (use https)"));
     }
   }
   std::string url = absl::StrCat(base, protocol->Path());

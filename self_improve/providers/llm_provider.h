@@ -67,9 +67,9 @@ struct LlmConfig {
   std::optional<std::string> api_key_env;
   absl::Duration connect_timeout = absl::Seconds(10);
   absl::Duration request_timeout = absl::Seconds(600);  // one attempt, to the last byte
-  int max_tokens = 8192;                // the reply's limit (Anthropic requires one)
+  int max_tokens = 8192;                    // the reply's limit (Anthropic requires one)
   std::optional<double> temperature = 0.2;  // unset: the server's default
-  int max_attempts = 3;                 // 1: no retry
+  int max_attempts = 3;                     // 1: no retry
   absl::Duration initial_backoff = absl::Seconds(2);
   absl::Duration max_backoff = absl::Seconds(60);
   size_t max_reply_bytes = 4 << 20;
@@ -92,27 +92,27 @@ struct ChatRequest {
 
 struct ChatReply {
   std::string text;
-  bool truncated = false;  // stopped at max_tokens
-  std::string model;       // as the server names it ("" if it does not)
-  int attempts = 0;        // HTTP requests made
+  bool truncated = false;                       // stopped at max_tokens
+  std::string model;                            // as the server names it ("" if it does not)
+  int attempts = 0;                             // HTTP requests made
   int64_t input_tokens = 0, output_tokens = 0;  // 0 when not reported
-  absl::Duration latency;  // of the successful attempt
+  absl::Duration latency;                       // of the successful attempt
 };
 
 // The kinds of failure above, carried as a status payload so that a
 // caller tells a refusal from a rejected key without reading messages.
 enum class LlmErrorKind {
-  kNone,          // ok, or a status that did not come from this folder
-  kConfig,        // the configuration (model, URL, key variable)
+  kNone,    // ok, or a status that did not come from this folder
+  kConfig,  // the configuration (model, URL, key variable)
   kHttpStatus,
   kTransport,
   kMalformed,
   kRefusal,
   kEmpty,
-  kNoCode,        // kernel_extract.h: no fenced code block
-  kWrongKernel,   // kernel_extract.h: the entry missing, changed or doubled,
-                  // or host code in a device-code-only candidate
-  kTruncated,     // kernel_extract.h: max_tokens cut the code block
+  kNoCode,       // kernel_extract.h: no fenced code block
+  kWrongKernel,  // kernel_extract.h: the entry missing, changed or doubled,
+                 // or host code in a device-code-only candidate
+  kTruncated,    // kernel_extract.h: max_tokens cut the code block
 };
 // "config", "http_status", "transport", "malformed", "refusal", "empty",
 // "no_code", "wrong_kernel", "truncated", "none".

@@ -240,7 +240,8 @@ TEST_P(ProviderTest, EmptyTextIsItsOwnError) {
 }
 
 TEST_P(ProviderTest, CutAtMaxTokensIsReported) {
-  server_.Enqueue(Answer(GoodBody(GetParam(), "```cuda\n__global__ void k(", LengthFinish(GetParam()))));
+  server_.Enqueue(
+      Answer(GoodBody(GetParam(), "```cuda\n__global__ void k(", LengthFinish(GetParam()))));
   std::unique_ptr<LlmProvider> p = Provider(Config());
   ASSERT_NE(p, nullptr);
   absl::StatusOr<ChatReply> r = p->Chat(Request());
@@ -303,8 +304,8 @@ TEST_P(ProviderTest, ServerErrorsAreRetriedThenUnavailable) {
 
 TEST_P(ProviderTest, RejectedKeyIsNotRetriedAndItsEchoIsRedacted) {
   server_.Enqueue(Answer(json{{"error",
-                                 {{"message", absl::StrCat("Incorrect API key provided: ", kKey)},
-                                  {"type", "authentication_error"}}}}
+                               {{"message", absl::StrCat("Incorrect API key provided: ", kKey)},
+                                {"type", "authentication_error"}}}}
                              .dump(),
                          401));
   const absl::Status s = Fails(Config());
@@ -385,14 +386,12 @@ INSTANTIATE_TEST_SUITE_P(Protocols, ProviderTest,
 class RefusalTest : public ProviderTest {};
 
 TEST_P(RefusalTest, OpenAiRefusalField) {
-  server_.Enqueue(Answer(
-      json{{"choices",
-                     {{{"message",
-                        {{"role", "assistant"},
-                         {"content", nullptr},
-                         {"refusal", "I can't help with that."}}},
-                       {"finish_reason", "stop"}}}}}
-          .dump()));
+  server_.Enqueue(Answer(json{
+      {"choices",
+       {{{"message",
+          {{"role", "assistant"}, {"content", nullptr}, {"refusal", "I can't help with that."}}},
+         {"finish_reason",
+          "stop"}}}}}.dump()));
   const absl::Status s = Fails(Config());
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_EQ(LlmErrorKindOf(s), LlmErrorKind::kRefusal);
@@ -440,8 +439,7 @@ TEST(LlmConfigTest, DefaultKeyVariables) {
   c.model = "m";
   EXPECT_THAT(std::string(NewLlmProvider(c).status().message()), HasSubstr("OPENAI_API_KEY"));
   c.protocol = LlmProtocol::kAnthropic;
-  EXPECT_THAT(std::string(NewLlmProvider(c).status().message()),
-              HasSubstr("ANTHROPIC_API_KEY"));
+  EXPECT_THAT(std::string(NewLlmProvider(c).status().message()), HasSubstr("ANTHROPIC_API_KEY"));
   c.protocol = LlmProtocol::kOllama;  // no key by default
   EXPECT_TRUE(NewLlmProvider(c).ok());
   ASSERT_EQ(setenv("OPENAI_API_KEY", kKey, 1), 0);

@@ -19,9 +19,8 @@ absl::Status Malformed(absl::string_view what) {
 }
 
 absl::Status Refused(absl::string_view what) {
-  return WithLlmErrorKind(
-      absl::FailedPreconditionError(absl::StrCat("the model refused: ", what)),
-      LlmErrorKind::kRefusal);
+  return WithLlmErrorKind(absl::FailedPreconditionError(absl::StrCat("the model refused: ", what)),
+                          LlmErrorKind::kRefusal);
 }
 
 // body[key] as a string when it is one, else "".
@@ -79,9 +78,8 @@ class OpenAiProtocol : public Protocol {
     return h;
   }
   json Body(const LlmConfig& config, const ChatRequest& request) const override {
-    json body = {{"model", config.model},
-                 {"messages", MessagesWithSystem(request)},
-                 {"stream", false}};
+    json body = {
+        {"model", config.model}, {"messages", MessagesWithSystem(request)}, {"stream", false}};
     body[config.openai_max_completion_tokens ? "max_completion_tokens" : "max_tokens"] =
         config.max_tokens;
     if (config.temperature) body["temperature"] = *config.temperature;
@@ -132,7 +130,7 @@ class AnthropicProtocol : public Protocol {
   const char* Path() const override { return "/v1/messages"; }
   HeaderList Headers(const LlmConfig& config, const std::string& key) const override {
     HeaderList h = {{"Content-Type", "application/json"},
-                                        {"anthropic-version", config.anthropic_version}};
+                    {"anthropic-version", config.anthropic_version}};
     if (!key.empty()) h.emplace_back("x-api-key", key);
     return h;
   }

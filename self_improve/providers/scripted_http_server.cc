@@ -35,14 +35,22 @@ bool WriteAll(int fd, absl::string_view bytes) {
 
 const char* Reason(int status) {
   switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 404: return "Not Found";
-    case 429: return "Too Many Requests";
-    case 500: return "Internal Server Error";
-    case 503: return "Service Unavailable";
-    default: return "Status";
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 404:
+      return "Not Found";
+    case 429:
+      return "Too Many Requests";
+    case 500:
+      return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "Status";
   }
 }
 
@@ -80,9 +88,7 @@ ScriptedHttpServer::~ScriptedHttpServer() {
   close(listen_fd_);
 }
 
-std::string ScriptedHttpServer::BaseUrl() const {
-  return absl::StrCat("http://127.0.0.1:", port_);
-}
+std::string ScriptedHttpServer::BaseUrl() const { return absl::StrCat("http://127.0.0.1:", port_); }
 
 void ScriptedHttpServer::Enqueue(ScriptedReply reply) {
   absl::MutexLock lock(&mu_);
@@ -165,11 +171,12 @@ void ScriptedHttpServer::Serve(int fd) {
     }
   }
   if (!reply.close_without_answer) {
-    std::string out = absl::StrCat("HTTP/1.1 ", reply.status, " ", Reason(reply.status),
-                                   "\r\nContent-Type: ", reply.content_type,
-                                   "\r\nContent-Length: ", reply.body.size(),
-                                   "\r\nConnection: close\r\n");
-    for (const auto& [name, value] : reply.headers) absl::StrAppend(&out, name, ": ", value, "\r\n");
+    std::string out =
+        absl::StrCat("HTTP/1.1 ", reply.status, " ", Reason(reply.status),
+                     "\r\nContent-Type: ", reply.content_type,
+                     "\r\nContent-Length: ", reply.body.size(), "\r\nConnection: close\r\n");
+    for (const auto& [name, value] : reply.headers)
+      absl::StrAppend(&out, name, ": ", value, "\r\n");
     absl::StrAppend(&out, "\r\n", reply.body);
     (void)WriteAll(fd, out);
   }

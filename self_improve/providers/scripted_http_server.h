@@ -27,8 +27,8 @@ struct ScriptedReply {
   std::string body;
   std::string content_type = "application/json";
   std::vector<std::pair<std::string, std::string>> headers;  // extra lines
-  absl::Duration delay = absl::ZeroDuration();  // before the answer
-  bool close_without_answer = false;            // read the request, then hang up
+  absl::Duration delay = absl::ZeroDuration();               // before the answer
+  bool close_without_answer = false;                         // read the request, then hang up
 };
 
 struct ReceivedRequest {
