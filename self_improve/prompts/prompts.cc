@@ -310,6 +310,7 @@ absl::StatusOr<std::string> VerifyCorrectnessPrompt(const CandidateRequest& r,
   return RenderPrompt(PromptText(PromptTemplate::kVerifyCorrectness),
                       {{"target", FormatTarget(r.target)},
                        {"contract", CandidateContract()},
+                       {"abi", CandidateAbi()},
                        {"signature", r.signature},
                        {"candidate", std::string(candidate)}});
 }

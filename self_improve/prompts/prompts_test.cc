@@ -179,6 +179,7 @@ TEST(PromptsTest, VerifyCorrectnessQuotesTheCandidateAsItIs) {
   EXPECT_THAT(*p, HasSubstr(candidate));
   EXPECT_THAT(*p, HasSubstr(kCandidateSignature));
   EXPECT_THAT(*p, HasSubstr("Verdict: unchanged"));
+  EXPECT_THAT(*p, HasSubstr("struct TuneJob {"));
 }
 
 TEST(PromptsTest, CompileErrorCutsALongLog) {
