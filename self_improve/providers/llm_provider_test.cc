@@ -5,8 +5,12 @@
 // TearDown reads the whole log).
 #include "self_improve/providers/llm_provider.h"
 
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <memory>
@@ -369,11 +373,23 @@ TEST_P(ProviderTest, CancelledWhileWaiting) {
 }
 
 TEST_P(ProviderTest, NobodyListeningIsUnavailable) {
+  // A port bound and never listened on: connections to it are refused.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
   LlmConfig c = Config();
-  c.base_url = "http://127.0.0.1:1";  // a privileged port nothing serves here
+  c.base_url =
+      testing::BaseUrlFor(GetParam(), absl::StrCat("http://127.0.0.1:", ntohs(addr.sin_port)));
   c.max_attempts = 1;
   const absl::Status s = Fails(c);
+  close(fd);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_EQ(LlmErrorKindOf(s), LlmErrorKind::kTransport);
 }
 
 INSTANTIATE_TEST_SUITE_P(Protocols, ProviderTest,
