@@ -457,7 +457,10 @@ def start_rvd(args):
     from daemons import start_daemon
     tmp = pathlib.Path(args.out) / "rvd"
     tmp.mkdir(parents=True, exist_ok=True)
-    d = start_daemon(tmp, backend="cuda", compute_workers=4)
+    # room for three snapshots of an f32 7B V set (512 MiB each) beside the
+    # engine's own buffers; the trainer uses under 50 GB of the H200's 141
+    d = start_daemon(tmp, backend="cuda", compute_workers=4,
+                     cuda_max_device_bytes=16 << 30)
 
     def stop():
         code = d.stop()
