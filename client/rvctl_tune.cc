@@ -31,6 +31,8 @@ ABSL_FLAG(double, min_improvement, -1,
           "tune start: fraction faster beyond the spread to accept (-1: rvd's 0.01)");
 ABSL_FLAG(std::string, start, "naive", "tune start: naive or product");
 ABSL_FLAG(uint32_t, device, 0, "tune start: the GPU");
+ABSL_FLAG(bool, iterations, false,
+          "tune status: also every iteration (the improvement log) and the best source");
 
 namespace rvd {
 namespace {
@@ -95,6 +97,18 @@ void PrintLine(const TuneJob& j) {
   }
   if (Finished(j) && !j.message().empty()) absl::StrAppend(&line, "; ", j.message());
   std::printf("%s\n", line.c_str());
+}
+
+// The improvement log: one line per iteration, then the best source.
+void PrintIterations(const TuneJob& j) {
+  std::printf("%4s  %-16s %12s %12s %8s  %s\n", "iter", "verdict", "cand ms", "best ms",
+              "speedup", "candidate");
+  for (const rvd::v1::TuneIteration& it : j.iterations()) {
+    std::printf("%4u  %-16s %12.4f %12.4f %8.3f  %s\n", it.iteration(), it.verdict().c_str(),
+                1e3 * it.candidate_seconds(), 1e3 * it.best_after(), it.speedup(),
+                it.description().c_str());
+  }
+  if (!j.best_source().empty()) std::printf("best source:\n%s\n", j.best_source().c_str());
 }
 
 void Print(const TuneJob& j) {
@@ -211,7 +225,13 @@ int RunTuneCommand(const std::shared_ptr<grpc::Channel>& channel,
     if (sub == "status") {
       rvd::v1::GetTuneJobRequest r;
       r.set_id(args[1]);
+      r.set_include_iterations(absl::GetFlag(FLAGS_iterations));
       s = stub->GetTuneJob(&c, r, &job);
+      if (s.ok() && !absl::GetFlag(FLAGS_json) && absl::GetFlag(FLAGS_iterations)) {
+        PrintLine(job);
+        PrintIterations(job);
+        return 0;
+      }
     } else {
       rvd::v1::CancelTuneJobRequest r;
       r.set_id(args[1]);

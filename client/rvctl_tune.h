@@ -3,7 +3,8 @@
 //         [--shapes NxRxC,...] [--generator NAME] [--max-iter N]
 //         [--patience N] [--min-improvement F] [--seed N]
 //         [--start naive|product] [--device N] [--json]
-//   rvctl tune status ID [--json]
+//   rvctl tune status ID [--iterations] [--json]   (--iterations: the
+//         improvement log, one line per iteration, and the best source)
 //   rvctl tune list [--json]
 //   rvctl tune watch ID [--json]   (each change, until the job ends)
 //   rvctl tune cancel ID

@@ -32,6 +32,8 @@ struct JobManager::Job {
   std::thread thread;
   bool thread_done = false;          // RunJob returned (the thread may be joined)
   std::vector<std::shared_ptr<JobWatchCell>> watchers;
+  std::vector<IterationRecord> records;  // every iteration, sources left out
+  std::string best_source;               // the last accepted source
 };
 
 namespace {
@@ -64,6 +66,14 @@ int64_t UnixNanos(absl::Time t) { return absl::ToUnixNanos(t); }
 
 }  // namespace
 
+// A record kept in memory for Iterations: its source only as the best's.
+template <typename J>
+void Keep(const IterationRecord& r, J* job) {
+  if (r.verdict == Verdict::kAccepted) job->best_source = r.source;
+  job->records.push_back(r);
+  job->records.back().source.clear();
+}
+
 // The loop's observer for one job: logs each record, then publishes it.
 class JobManager::Observer final : public LoopObserver {
  public:
@@ -89,6 +99,7 @@ class JobManager::Observer final : public LoopObserver {
     {
       absl::MutexLock lock(&m_->mu_);
       Apply(r, &job_->info.progress);
+      Keep(r, job_);
       if (r.iteration > 0) {
         ++m_->stats_.iterations_total;
         ++m_->stats_.candidates_total[VerdictName(r.verdict)];
@@ -242,7 +253,10 @@ absl::Status JobManager::Recover() {
     info.state = f.contents.state;
     info.message = f.contents.message;
     info.stop = f.contents.stop;
-    for (const IterationRecord& r : f.contents.records) Apply(r, &info.progress);
+    for (const IterationRecord& r : f.contents.records) {
+      Apply(r, &info.progress);
+      Keep(r, job.get());
+    }
     job->secret_seed = f.contents.secret_seed;
     next_id_ = std::max(next_id_, f.number + 1);
     if (!IsTerminal(info.state)) {
@@ -438,6 +452,18 @@ absl::StatusOr<JobInfo> JobManager::Get(const std::string& id) const {
   absl::MutexLock lock(&mu_);
   for (const auto& job : jobs_) {
     if (job->info.id == id) return job->info;
+  }
+  return absl::NotFoundError(absl::StrCat("no tuning job ", id));
+}
+
+absl::Status JobManager::Iterations(const std::string& id, std::vector<IterationRecord>* out,
+                                    std::string* best_source) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& job : jobs_) {
+    if (job->info.id != id) continue;
+    *out = job->records;
+    *best_source = job->best_source;
+    return absl::OkStatus();
   }
   return absl::NotFoundError(absl::StrCat("no tuning job ", id));
 }

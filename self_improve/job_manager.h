@@ -134,6 +134,11 @@ class JobManager {
   // and none is finished.
   absl::StatusOr<JobInfo> Start(JobSpec spec);
   absl::StatusOr<JobInfo> Get(const std::string& id) const;  // NOT_FOUND
+  // Job `id`'s iterations so far (0 first; the candidates' sources left
+  // out: they are in the job log) and its best kernel's source ("" for the
+  // product kernel). NOT_FOUND.
+  absl::Status Iterations(const std::string& id, std::vector<IterationRecord>* out,
+                          std::string* best_source) const;
   std::vector<JobInfo> List() const;                          // in start order
   // Cancels a queued or running job (a running one stops at its next step;
   // the state says CANCELLED when it has). A finished job: FAILED_PRECONDITION.

@@ -185,6 +185,15 @@ TEST(JobManagerTest, AJobRunsToItsPatienceWithProgressAndStats) {
   EXPECT_EQ(done.progress.candidates.at("slower"), 3);
   EXPECT_TRUE(done.progress.phase.empty());
   EXPECT_NE(done.message.find("1.25x the start"), std::string::npos) << done.message;
+  std::vector<IterationRecord> its;
+  std::string best_source;
+  ASSERT_TRUE(m.Iterations(started->id, &its, &best_source).ok());
+  ASSERT_EQ(its.size(), 5u);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(its[i].iteration, i);
+  EXPECT_EQ(its[1].verdict, Verdict::kAccepted);
+  EXPECT_TRUE(its[1].source.empty());  // kept in the log, not in memory
+  EXPECT_NE(best_source.find("key=a"), std::string::npos);
+  EXPECT_EQ(m.Iterations("tune-9", &its, &best_source).code(), absl::StatusCode::kNotFound);
   WaitDone(m, drawn->id);
   const TuneStats stats = m.Stats();
   EXPECT_EQ(stats.iterations_total, 4);
@@ -370,6 +379,11 @@ TEST(JobManagerTest, ALoggedJobResumesAfterARestart) {
   for (int i = 0; i < 5; ++i) EXPECT_EQ(after->records[i].iteration, i);
   EXPECT_EQ(after->state, JobState::kSucceeded);
   EXPECT_EQ(after->secret_seed, logged->secret_seed);  // the same secret inputs
+  std::vector<IterationRecord> its;
+  std::string best_source;
+  ASSERT_TRUE(m.Iterations(id, &its, &best_source).ok());
+  EXPECT_EQ(its.size(), 5u);  // the logged ones and the new ones
+  EXPECT_NE(best_source.find("key=a"), std::string::npos);
 
   // Another restart lists it finished, and numbers the next job after it.
   JobManager again(rig.Options());

@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -172,6 +173,29 @@ grpc::Status TuneHandlers::GetTuneJob(grpc::ServerContext*,
   absl::StatusOr<tune::JobInfo> info = jobs_->Get(request->id());
   if (!info.ok()) return ToGrpc(info.status());
   JobToProto(*info, response);
+  if (request->include_iterations()) {
+    std::vector<tune::IterationRecord> records;
+    std::string best_source;
+    if (absl::Status s = jobs_->Iterations(request->id(), &records, &best_source); !s.ok()) {
+      return ToGrpc(s);
+    }
+    for (const tune::IterationRecord& r : records) {
+      rvd::v1::TuneIteration* it = response->add_iterations();
+      it->set_iteration(static_cast<uint32_t>(r.iteration));
+      it->set_description(r.description);
+      it->set_verdict(tune::VerdictName(r.verdict));
+      it->set_reason(r.reason);
+      it->set_bottleneck(r.bottleneck);
+      it->set_compile_attempts(static_cast<uint32_t>(r.compile_attempts));
+      it->set_candidate_seconds(r.candidate_seconds);
+      it->set_best_seconds(r.best_seconds);
+      it->set_speedup(r.speedup);
+      it->set_spread(r.spread);
+      it->set_held_out(r.held_out);
+      it->set_best_after(r.best_after);
+    }
+    response->set_best_source(best_source);
+  }
   return grpc::Status::OK;
 }
 

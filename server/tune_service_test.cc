@@ -213,6 +213,22 @@ TEST(TuneServiceTest, StartWatchGetListCancelOverGrpc) {
     rvd::v1::TuneJob got;
     ASSERT_TRUE(stub->GetTuneJob(&c, g, &got).ok());
     EXPECT_EQ(got.version(), last.version());
+    EXPECT_EQ(got.iterations_size(), 0);  // only when asked
+  }
+  {
+    grpc::ClientContext c;
+    rvd::v1::GetTuneJobRequest g;
+    g.set_id(job.id());
+    g.set_include_iterations(true);
+    rvd::v1::TuneJob got;
+    ASSERT_TRUE(stub->GetTuneJob(&c, g, &got).ok());
+    ASSERT_EQ(got.iterations_size(), 5);
+    EXPECT_EQ(got.iterations(0).iteration(), 0u);
+    EXPECT_EQ(got.iterations(1).verdict(), "accepted");
+    EXPECT_EQ(got.iterations(1).description(), "a: fake");
+    EXPECT_NEAR(got.iterations(1).candidate_seconds(), 0.8e-3, 1e-12);
+    EXPECT_EQ(got.iterations(4).verdict(), "slower");
+    EXPECT_NE(got.best_source().find("key=a"), std::string::npos);
   }
   {
     grpc::ClientContext c;

@@ -22,6 +22,8 @@ def test_tune_list_status_watch_cancel(daemon):
     assert r.stdout == ""
     r = daemon.rvctl("tune", "list", "--json")
     assert r.stdout.strip() == "{}"
+    r = daemon.rvctl("tune", "status", "tune-1", "--iterations", check=False)
+    assert r.returncode == 1 and "NOT_FOUND" in r.stderr
     for sub in ("status", "watch", "cancel"):
         r = daemon.rvctl("tune", sub, "tune-1", check=False)
         assert r.returncode == 1, (sub, r.stderr)
