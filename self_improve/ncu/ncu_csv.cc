@@ -188,8 +188,11 @@ std::optional<double> NcuMetric::BaseValue() const {
   const std::vector<absl::string_view> parts = absl::StrSplit(unit, '/');
   static constexpr std::pair<char, double> kPrefixes[] = {
       {'n', 1e-9}, {'u', 1e-6}, {'m', 1e-3}, {'K', 1e3}, {'M', 1e6}, {'G', 1e9}, {'T', 1e12}};
-  static constexpr absl::string_view kBases[] = {"second", "byte",   "hz",    "cycle",  "inst",
-                                                 "warp",   "thread", "block", "sector", "request"};
+  // Long names (older ncu: "nsecond", "Kbyte/second") and short ones
+  // (newer: "ns", "KB/s", "GHz") alike.
+  static constexpr absl::string_view kBases[] = {"second", "s",      "byte",   "B",    "hz",
+                                                 "Hz",     "cycle",  "inst",   "warp", "thread",
+                                                 "block",  "sector", "request"};
   auto scale = [&](absl::string_view u) {
     if (u.size() < 2) return 1.0;
     const absl::string_view base = u.substr(1);

@@ -34,7 +34,8 @@ struct NcuMetric {
   std::string text;     // the value as printed
   std::optional<double> value;  // the number in `unit`, when it is one
   // The number in the unit's base (seconds, bytes, bytes/second, hertz;
-  // other units as they are): ncu's prefixes n u m K M G T scale by 1000.
+  // other units as they are): ncu's prefixes n u m K M G T scale by 1000,
+  // on long unit names ("usecond", "Kbyte") and short ones ("us", "KB").
   std::optional<double> BaseValue() const;
 };
 

@@ -189,6 +189,45 @@ TEST(NcuCsvTest, BaseUnits) {
   EXPECT_DOUBLE_EQ(base("%", 50), 50);
   EXPECT_DOUBLE_EQ(base("register/thread", 96), 96);
   EXPECT_DOUBLE_EQ(base("Mcycle", 2), 2e6);
+  // The short names of newer versions.
+  EXPECT_DOUBLE_EQ(base("ns", 373952), 373952e-9);
+  EXPECT_DOUBLE_EQ(base("us", 2), 2e-6);
+  EXPECT_DOUBLE_EQ(base("ms", 2), 2e-3);
+  EXPECT_DOUBLE_EQ(base("s", 2), 2);
+  EXPECT_DOUBLE_EQ(base("KB", 2), 2e3);
+  EXPECT_DOUBLE_EQ(base("TB/s", 3.86), 3.86e12);
+  EXPECT_DOUBLE_EQ(base("GHz", 1.98), 1.98e9);
+  EXPECT_DOUBLE_EQ(base("cycle/ns", 1.5), 1.5e9);
+  EXPECT_DOUBLE_EQ(base("byte/block", 7), 7);
+}
+
+// A real capture: the project's own H200 run s4-14 (ncu's raw page of
+// rvd_bench_gpu --ncu, bench/h200/s4-14_ncu_shared.csv at commit 11f729e),
+// cut to the launch columns and six of its 310 metrics, rows and quoting as
+// ncu printed them: short units ("ns"), demangled names without namespaces.
+TEST(NcuCsvTest, RealH200RawPage) {
+  absl::StatusOr<NcuReport> r = ParseNcuCsv(Sample("h200_raw_excerpt.csv"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->launches.size(), 10u);
+  EXPECT_THAT(r->warnings, ::testing::SizeIs(1));
+  EXPECT_EQ(r->skipped_lines, 4);  // the benchmark's own lines before the table
+  const NcuLaunch& l = r->launches[0];
+  EXPECT_EQ(l.id, 0);
+  EXPECT_EQ(l.kernel_name,
+            "void FusedV4Kernel<float, 0>(const CUtensorMap_st *, const MatrixDesc *, const "
+            "FusedJobV2 *, int, double *, double *, float *)");
+  EXPECT_EQ(l.block_size, "(512, 1, 1)");
+  EXPECT_EQ(l.cc, "9.0");
+  EXPECT_EQ(l.metrics.size(), 6u);
+  EXPECT_THAT(l.Find("gpu__time_duration.sum")->BaseValue(),
+              Optional(DoubleNear(373952e-9, 1e-15)));
+  EXPECT_THAT(l.Find("sm__cycles_elapsed.avg")->value, Optional(637468.48));
+  EXPECT_THAT(ToNcuMetrics(l).registers_per_thread, Optional(128.0));
+  EXPECT_EQ(ToNcuMetrics(l).dram_throughput_pct, std::nullopt);  // not collected in that run
+  // Every launch is FusedV4Kernel's, whatever its template arguments.
+  absl::StatusOr<NcuMetrics> m = SummarizeLaunches(*r, "FusedV4Kernel");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_THAT(m->registers_per_thread, Optional(168.0));  // 2 launches of 128, 8 of 168
 }
 
 }  // namespace
