@@ -425,14 +425,10 @@ class LiveRegistry::Model {
     absl::MutexLock lock(&mu_);
     released_ = true;
   }
-  bool Expired(absl::Time now) const ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    return now >= expiry_;
-  }
-  void Renew() ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    expiry_ = absl::Now() + lease;
-  }
+  // Lock-free, so that the watcher never waits behind a model whose lock
+  // is held across a snapshot's finish.
+  bool Expired(absl::Time now) const { return absl::ToUnixNanos(now) >= expiry_ns_.load(); }
+  void Renew() { expiry_ns_.store(absl::ToUnixNanos(absl::Now() + lease)); }
   uint64_t last_sequence() const ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     return last_sequence_;
@@ -583,7 +579,7 @@ class LiveRegistry::Model {
   // decides it first).
   std::shared_ptr<Taken> pending_ ABSL_GUARDED_BY(mu_);
   std::deque<std::pair<std::string, void*>> events_ ABSL_GUARDED_BY(mu_);
-  absl::Time expiry_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  std::atomic<int64_t> expiry_ns_{INT64_MAX};  // Unix ns; renewed by Notify
   bool released_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t last_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   // A finish was cancelled: its copy may still be queued (see ~Model).
@@ -599,7 +595,7 @@ absl::StatusOr<NotifyStepResponse> LiveRegistry::Model::Notify(const NotifyStepR
         "producer_event_handle has ", event.size(), " bytes; a cudaIpcEventHandle_t has ",
         kIpcHandleBytes, " (or give none)"));
   }
-  expiry_ = absl::Now() + lease;
+  Renew();
   NotifyStepResponse response;
   TriggerDecision decision;
   for (int attempt = 0;; ++attempt) {
