@@ -681,6 +681,83 @@ TEST_F(CudaEngineTest, F32PairedTilesCutLastRound) {
   EXPECT_EQ(std::memcmp(out.data(), again.data(), out.size() * sizeof(double)), 0) << what;
 }
 
+// The paired tiles from the direct-load instance (ConvertDirectTiles:
+// converters loading W from global memory, diagonal jobs as hi hi^T + hi
+// (2 lo)^T; rvd_bench_gpu's "v4-next", not served), swapped in for v4 by
+// the test hook: the shapes of F32PairedTilesMatchOracle (edge tiles of 1
+// row, K = 3001 with a float4 past the last column) and a cut last round
+// (256 x 1000: diagonal and off-diagonal K-pieces). Exact, no fallback,
+// the same bits alone as batched and again; its mutant (the last k-step
+// reads B at the slice's first, on both kinds of job) must be caught.
+TEST_F(CudaEngineTest, F32PairedTilesDirectMatchOracle) {
+  if (!V4Runs()) GTEST_SKIP() << "fused v4 needs compute capability 9.0";
+  cudaDeviceProp prop;
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  const int sms = prop.multiProcessorCount;
+  const int cut_matrices = sms + sms / 12;  // as F32PairedTilesCutLastRound
+  ASSERT_GT(PlanFusedV4(3 * cut_matrices, sms, FusedV4Slices(1000),
+                        FusedV4TailPieces(FusedKernel::kV4, DType::kF32))
+                .pieces,
+            1);
+  std::vector<std::vector<StoredMatrix>> suites(2);
+  std::vector<std::vector<Spectrum>> spectra(2);
+  const std::vector<Shape> shapes = {{1024, 4096}, {257, 3001}, {129, 1000}, {200, 200},
+                                     {640, 1000}};
+  for (int i = 0; i < 20; ++i) {
+    const Shape sh = shapes[i % shapes.size()];
+    if (sh.rows == 1024 && i >= 15) continue;  // 3 of 1024 x 4096 (the oracle's time)
+    const Spectrum sp = kAllSpectra[i % 4];
+    spectra[0].push_back(sp);
+    suites[0].push_back(Store(MakeMatrix(rng_, sh.rows, sh.cols, sp), sh.rows, sh.cols,
+                              DType::kF32, 0, absl::StrCat(SpectrumName(sp), " #", i)));
+  }
+  for (int i = 0; i < cut_matrices; ++i) {
+    const Spectrum sp = kAllSpectra[i % 4];
+    spectra[1].push_back(sp);
+    suites[1].push_back(Store(MakeMatrix(rng_, 256, 1000, sp), 256, 1000, DType::kF32, 0,
+                              absl::StrCat("cut round, ", SpectrumName(sp), " #", i)));
+  }
+  const std::string label =
+      absl::StrCat("fused/MUTANT-", FusedTechnique(FusedKernel::kV4, DType::kF32));
+  for (size_t k = 0; k < suites.size(); ++k) {
+    const std::vector<StoredMatrix>& suite = suites[k];
+    const std::vector<double> ref = Oracle(suite);
+    engine_->UseFusedMutantForTest(&FusedV4DirectLaunchers());
+    const int64_t served = engine_->Stats().served[label];
+    std::vector<double> out;
+    ExpectExactWithoutFallback(suite, ref, "fused f32 paired tiles, direct loads", &out);
+    if (HasFatalFailure()) {
+      engine_->UseFusedMutantForTest(nullptr);
+      return;
+    }
+    EXPECT_EQ(engine_->Stats().served[label] - served, static_cast<int64_t>(suite.size()))
+        << "the direct-load instance did not serve every matrix";
+    std::vector<double> again = Poisoned(suite.size());
+    ASSERT_TRUE(engine_->ComputePR(Views(suite), {}, absl::MakeSpan(again)).ok());
+    EXPECT_EQ(std::memcmp(out.data(), again.data(), out.size() * sizeof(double)), 0)
+        << "direct loads: not the same bits again (suite " << k << ")";
+    if (k == 0) {
+      for (size_t i = 0; i < suite.size(); i += 3) {
+        std::vector<double> alone = Poisoned(1);
+        ASSERT_TRUE(engine_->ComputePR({suite[i].view}, {}, absl::MakeSpan(alone)).ok());
+        EXPECT_EQ(std::memcmp(&alone[0], &out[i], sizeof(double)), 0)
+            << suite[i].label << ": alone " << alone[0] << " batched " << out[i];
+      }
+    }
+    engine_->UseFusedMutantForTest(&FusedV4DirectMutantLaunchers());
+    std::vector<double> bad = Poisoned(suite.size());
+    const absl::Status s = engine_->ComputePR(Views(suite), {}, absl::MakeSpan(bad));
+    engine_->UseFusedMutantForTest(nullptr);
+    ASSERT_TRUE(s.ok()) << s;
+    for (size_t i = 0; i < suite.size(); ++i) {
+      if (spectra[k][i] == Spectrum::kRankOne) continue;  // (PR 1 whatever the k-step)
+      EXPECT_FALSE(WithinTolerance(bad[i], ref[i], kExactPrTolerance))
+          << suite[i].label << ": the direct-load mutant went unnoticed (" << bad[i] << " vs "
+          << ref[i] << ")";
+    }
+  }
+}
+
 // Fused v4 cuts the jobs of a last round that would leave SMs idle into
 // K-pieces (PlanFusedV4; f32, the policy's tail_pieces_f32), each cut job's
 // partial Grams added in piece order by the block that finishes its last
