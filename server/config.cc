@@ -229,6 +229,9 @@ const KeyReader kKeys[] = {
     {"live_lease_seconds", &Config::live_lease_seconds,
      "a live model no RegisterLiveModel or NotifyStep names for this long is "
      "released (>= 1; a request's lease_seconds overrides it)"},
+    {"shard_group_timeout_seconds", &Config::shard_group_timeout_seconds,
+     "a sharded model's group step fails this long after its first rank "
+     "reported, naming the ranks that did not (>= 1)"},
     {"max_metric_series", &Config::max_metric_series,
      "per-layer and per-head PR series /metrics exports, all models "
      "together; the overflow is counted in rvd_series_dropped_total"},
@@ -450,6 +453,9 @@ absl::Status ValidateConfig(const Config& config) {
   }
   if (config.live_lease_seconds < 1) {
     errors.push_back("config key 'live_lease_seconds': must be >= 1");
+  }
+  if (config.shard_group_timeout_seconds < 1) {
+    errors.push_back("config key 'shard_group_timeout_seconds': must be >= 1");
   }
   if (absl::StatusOr<StoreOptions> sync = ParseStoreSync(config.store_sync);
       !sync.ok()) {

@@ -41,6 +41,9 @@ struct Config {
   // A live model no call names for this long is released (NotifyStep and
   // RegisterLiveModel renew it; a request's lease_seconds overrides it).
   uint32_t live_lease_seconds = 600;
+  // A sharded model's group step (issue 18) that not every rank reported
+  // this long after the first one fails, naming the missing ranks (>= 1).
+  uint32_t shard_group_timeout_seconds = 30;
   // rvd_participation_ratio(_head) series exported, all models together.
   uint64_t max_metric_series = 100000;
   int engine_threads = 0;               // CPU engine threads; 0: one per core

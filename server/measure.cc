@@ -189,9 +189,11 @@ absl::StatusOr<uint64_t> ValidateHeader(const MeasureHeader& header,
                        max_request_bytes, " bytes (max_request_bytes)"));
     }
   }
+  // A rank of a sharded model names the group's layers, which its shards
+  // need not cover (pipeline parallelism): the coordinator checks them.
   for (const auto* set : {&header.early_layers(), &header.late_layers()}) {
     for (uint32_t layer : *set) {
-      if (!layers.contains(layer)) {
+      if (!layers.contains(layer) && !header.has_shard_group()) {
         return absl::InvalidArgumentError(
             absl::StrCat(set == &header.early_layers() ? "early" : "late",
                          " layer ", layer, " is not among the layers sent (",

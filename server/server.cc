@@ -88,6 +88,10 @@ class ServerImpl final : public Server {
         *engine_, pool_, live,
         [this](rvd::v1::Measurement m) { return service_.RecordLiveMeasurement(std::move(m)); });
     service_.set_live(live_.get());
+    shard_groups_ = std::make_unique<ShardGroups>(
+        *engine_, ShardGroupOptions{absl::Seconds(config.shard_group_timeout_seconds), 0},
+        [this](rvd::v1::Measurement m) { return service_.RecordGroupMeasurement(std::move(m)); });
+    service_.set_shard_groups(shard_groups_.get());
     live_metrics_ = std::make_shared<LiveMetrics>(live_.get());
     spdlog::info("live models: {}", engine_->Live() != nullptr
                                         ? "served (CUDA IPC on the engine's device)"
@@ -303,6 +307,8 @@ class ServerImpl final : public Server {
   // Last: stopped and gone before the service, pool, history and engine it uses.
   std::unique_ptr<LiveRegistry> live_;
   std::shared_ptr<LiveMetrics> live_metrics_;  // reads live_
+  // Sharded models' groups (issue 18); uses the engine and the service.
+  std::unique_ptr<ShardGroups> shard_groups_;
   // Tuning jobs: the manager stops in Shutdown, after gRPC and the exposer.
   std::unique_ptr<tune::TuneBackend> tune_backend_;
   std::unique_ptr<tune::JobManager> tune_jobs_;

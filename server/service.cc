@@ -113,6 +113,19 @@ absl::Status RvdService::Run(grpc::ServerContext* context,
                              const MeasureHeader& header,
                              const std::vector<std::string_view>& data,
                              Measurement* response) {
+  if (header.has_shard_group()) {
+    // A rank of a sharded model: the group's answer, stored by the
+    // coordinator, not here.
+    if (shard_groups_ == nullptr) {
+      return absl::UnimplementedError("rvd serves no sharded model groups");
+    }
+    absl::StatusOr<Measurement> m =
+        shard_groups_->MeasureShard(header, data, Deadline(context));
+    if (!m.ok()) return m.status();
+    m->set_receive_ms(response->receive_ms());
+    *response = *std::move(m);
+    return absl::OkStatus();
+  }
   // IsCancelled is also true once the deadline has passed.
   return RunUntil(Deadline(context), [context] { return context->IsCancelled(); },
                   header, data, response);
@@ -194,6 +207,33 @@ grpc::Status RvdService::Measure(grpc::ServerContext* context,
   std::vector<std::string_view> data(request->data().begin(),
                                      request->data().end());
   return Finish(Run(context, request->header(), data, response));
+}
+
+absl::StatusOr<MeasurementLog::Entry> RvdService::RecordGroupMeasurement(Measurement m) {
+  absl::StatusOr<MeasurementLog::Entry> stored = history_.Add(std::move(m));
+  if (stored.ok()) metrics_.RecordMeasurement(**stored);
+  return stored;
+}
+
+grpc::Status RvdService::ExchangeShard(grpc::ServerContext* /*context*/,
+                                       const rvd::v1::ExchangeShardRequest* request,
+                                       rvd::v1::ExchangeShardResponse* /*response*/) {
+  if (shard_groups_ == nullptr) {
+    return Finish(absl::UnimplementedError("rvd serves no sharded model groups"));
+  }
+  return Finish(shard_groups_->ReceiveShards(*request));
+}
+
+grpc::Status RvdService::ReportPartial(grpc::ServerContext* context,
+                                       const rvd::v1::ReportPartialRequest* request,
+                                       Measurement* response) {
+  if (shard_groups_ == nullptr) {
+    return Finish(absl::UnimplementedError("rvd serves no sharded model groups"));
+  }
+  absl::StatusOr<Measurement> m = shard_groups_->Report(*request, Deadline(context));
+  if (!m.ok()) return Finish(m.status());
+  *response = *std::move(m);
+  return grpc::Status::OK;
 }
 
 absl::StatusOr<MeasurementLog::Entry> RvdService::RecordLiveMeasurement(Measurement m) {

@@ -21,6 +21,7 @@
 #include "server/history.h"
 #include "server/tune_service.h"
 #include "server/live_registry.h"
+#include "server/shard_group.h"
 #include "server/metrics.h"
 #include "server/sqlite_store.h"
 #include "server/stream_watchdog.h"
@@ -58,6 +59,12 @@ class RvdService final
   // The tuning jobs' handlers (StartTuneJob .. CancelTuneJob; null:
   // UNIMPLEMENTED); set before serving.
   void set_tuning(TuneHandlers* tuning) { tuning_ = tuning; }
+  // Sharded models' groups (ExchangeShard, ReportPartial, and a header
+  // with a shard_group; null: UNIMPLEMENTED); set before serving.
+  void set_shard_groups(ShardGroups* groups) { shard_groups_ = groups; }
+  // Stores a group's measurement, combined here as its coordinator, as
+  // every other (history, /metrics); ShardGroups logs it.
+  absl::StatusOr<MeasurementLog::Entry> RecordGroupMeasurement(rvd::v1::Measurement m);
   // Stores a live model's measurement as every other (history, /metrics,
   // the log line): the registry's LiveRecorder.
   absl::StatusOr<MeasurementLog::Entry> RecordLiveMeasurement(rvd::v1::Measurement m);
@@ -98,6 +105,12 @@ class RvdService final
                        rvd::v1::Measurement* response) override;
   grpc::Status MeasureStream(grpc::ServerContext* context,
                              grpc::ServerReader<rvd::v1::MeasureChunk>* reader,
+                             rvd::v1::Measurement* response) override;
+  grpc::Status ExchangeShard(grpc::ServerContext* context,
+                             const rvd::v1::ExchangeShardRequest* request,
+                             rvd::v1::ExchangeShardResponse* response) override;
+  grpc::Status ReportPartial(grpc::ServerContext* context,
+                             const rvd::v1::ReportPartialRequest* request,
                              rvd::v1::Measurement* response) override;
   // Activation statistics (activations.h): validated, then computed on the
   // compute pool like a measurement (an in-flight slot, the client's
@@ -198,6 +211,7 @@ class RvdService final
   AlertEngine* alerts_ = nullptr;      // see set_alerts
   LiveRegistry* live_ = nullptr;       // see set_live
   TuneHandlers* tuning_ = nullptr;     // see set_tuning
+  ShardGroups* shard_groups_ = nullptr;  // see set_shard_groups
 };
 
 }  // namespace rvd
