@@ -28,6 +28,7 @@ COPY CMakeLists.txt ./
 COPY cmake cmake
 COPY proto proto
 COPY kernels kernels
+COPY self_improve self_improve
 COPY server server
 COPY client client
 COPY config config
