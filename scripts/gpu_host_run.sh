@@ -15,6 +15,8 @@
 #   gpu_ab.{json,log}         rvd_bench_gpu --ab: fused v3 and v4 side by side
 #   e2e_gpu.{json,log}        a copy-mode measurement through the daemon
 #   torch_peers.{json,log}    the PyTorch peers (bench/torch_peers.py)
+#   live_train.{json,md,log}  bench/live_train.py: RVMonitor over IPC in a
+#                             real training loop (issue 15's goals and proof)
 #   ncu.tgz                   ncu's sections for v4 on the --ab cases
 #                             (rvd_bench_gpu --ncu): details.csv, raw.csv
 #   sustain.{json,log}        rvd_bench_gpu --sustain: queued vs spaced launches
@@ -90,10 +92,14 @@ step integration_gpu 120 python3 -m pytest -q -p no:cacheprovider tests/gpu
 step python_gpu 300 env PYTHONPATH="$RVD_SOURCE_ROOT/client/python:$stage/python" \
   python3 -m pytest -q -p no:cacheprovider tests/python/gpu
 step gpu_bench 300 "$stage/bin/rvd_bench_gpu" --json "$OUT/gpu_bench.json"
-step gpu_ab 120 "$stage/bin/rvd_bench_gpu" --ab --reps 30 --json "$OUT/gpu_ab.json"
+# RVD_AB_ARGS replaces --ab's defaults, e.g. "--reps 20 --case 32x1024x4096:f32".
+step gpu_ab 300 "$stage/bin/rvd_bench_gpu" --ab ${RVD_AB_ARGS:---reps 30} --json "$OUT/gpu_ab.json"
 step sustain 120 "$stage/bin/rvd_bench_gpu" --sustain --json "$OUT/sustain.json"
 step e2e_gpu 120 python3 bench/e2e_gpu.py --rounds 5
 step ncu 300 scripts/ncu_v4.sh "$stage/bin/rvd_bench_gpu" "$OUT/ncu"
+# Issue 15's training loop over IPC (~2-3 min per dtype); RVD_LIVE_ARGS adds
+# bench/live_train.py's options, e.g. "--dtypes bf16".
+step live_train 540 python3 bench/live_train.py --rvd "$stage/bin/rvd" --out "$OUT" ${RVD_LIVE_ARGS:-}
 step torch_peers 180 bash -c "python3 bench/torch_peers.py > '$OUT/torch_peers.json'"
 kill "$smi_pid" 2>/dev/null
 [[ -f "$OUT/sustain.json" ]] &&
