@@ -440,7 +440,7 @@ def derive_geometry(config, keys, layout, tensor_hidden):
     return (h, k, d), ", ".join(how)
 
 
-def resolve(model, arch=None):
+def resolve(model, arch=None, stage=False):
     """Finds the V tensor of every layer of a torch model (see the module
     doc) and its layout and head geometry."""
     names = [n for n, _ in model.named_parameters()]
@@ -496,7 +496,9 @@ def resolve(model, arch=None):
     config = getattr(model, "config", None)
     geometry, source = derive_geometry(config, keys, layout, tensor_hidden)
     declared = _config_int(config, keys["num_layers"], "num_layers")
-    if declared is not None and declared[0] != max(by_layer) + 1:
+    # stage: a pipeline stage holds some of the config's layers
+    if declared is not None and (declared[0] < max(by_layer) + 1 if stage
+                                 else declared[0] != max(by_layer) + 1):
         raise ValueError(f"the model's config says {declared[1]}={declared[0]} "
                          f"but V parameters ({used}) were found for "
                          f"{max(by_layer) + 1} layers")

@@ -94,7 +94,7 @@ from typing import List, Optional
 
 import torch
 
-from . import architectures, ipc
+from . import architectures, group as shard_group, ipc
 from ._stubs import rvd_pb2
 from .client import Client, layout_value
 from .errors import RvdError, TransportUnavailable
@@ -148,6 +148,20 @@ class RVMonitor:
     (neither: every layer is sent and rvd takes the first and last quarter).
     optimizer: the torch optimizer that updates the weights, for the ipc
     transport's pre- and post-step hooks (see the module doc).
+
+    A sharded model (issue 18; rvd/group.py): process_group (a
+    torch.distributed group, every rank of it constructing its monitor),
+    sharding ("tp" | "fsdp" | "pp"; default "fsdp" for DTensor weights),
+    shard_rows ({layer: (first_row, total_rows)}, any split),
+    group_address (the address other ranks' rvd instances reach this
+    rank's rvd at; default: address) and group_id (default: from rank 0's
+    model_id, which every rank uses). Each rank sends its rows by copy to
+    its own rvd at the policy's interval steps; rank 0's rvd stores the
+    group's measurement and every rank's monitor records it. A rank that
+    does not measure a step fails it on the others after rvd's
+    shard_group_timeout_seconds (on_error as for any failure). Interval
+    steps only: adaptive and the unchanged-weights skip would let ranks
+    decide differently.
     """
 
     def __init__(self, model, early_layers=None, late_layers=None,
@@ -155,7 +169,9 @@ class RVMonitor:
                  delta_threshold=0.01, arch=None, history_maxlen=1000,
                  prometheus=False, verbose=False, address=None,
                  transport="auto", per_head=False, on_error="warn",
-                 model_id=None, timeout=30.0, client=None, optimizer=None):
+                 model_id=None, timeout=30.0, client=None, optimizer=None,
+                 process_group=None, sharding=None, shard_rows=None,
+                 group_address=None, group_id=None):
         if mode not in ("inference", "training"):
             raise ValueError(f"mode={mode!r}: expected 'inference' or 'training'")
         if isinstance(measurement_interval, bool) or not isinstance(
@@ -170,6 +186,15 @@ class RVMonitor:
             raise ValueError("give both early_layers and late_layers, or neither "
                              "(then rvd uses the first and last quarter)")
         requested = _check_transport(transport)
+        if process_group is not None:
+            if adaptive:
+                raise ValueError("adaptive with a process_group: the ranks would "
+                                 "decide differently; interval steps only")
+            if requested == "ipc":
+                raise TransportUnavailable(
+                    "transport='ipc' with a process_group: rvd's live "
+                    "registrations do not take a shard group yet; use 'copy'")
+            requested = "copy"
         self._closed = True  # until the constructor is through (close, __del__)
         self.model = model
         self._mode = mode
@@ -181,7 +206,8 @@ class RVMonitor:
         self.verbose = verbose
         self.timeout = timeout
 
-        self.resolved = architectures.resolve(model, arch)
+        self.resolved = architectures.resolve(
+            model, arch, stage=process_group is not None and sharding == "pp")
         self.arch = self.resolved.arch
         found = self.resolved.tensors
         if early_layers is None:
@@ -193,6 +219,19 @@ class RVMonitor:
             if not self.early_layers or not self.late_layers:
                 raise ValueError("early_layers and late_layers must not be empty")
             self._layers = sorted(set(self.early_layers) | set(self.late_layers))
+        if process_group is not None and sharding is None:
+            sharding = "fsdp" if any(
+                shard_group.is_dtensor(model.get_submodule(v.module_path).weight)
+                for v in found.values()) else None
+        if process_group is not None and sharding not in shard_group.SHARDINGS:
+            raise ValueError(f"sharding={sharding!r} with a process_group: expected "
+                             f"one of {', '.join(shard_group.SHARDINGS)}")
+        if process_group is not None and sharding == "pp":
+            # a stage holds some of the group's layers, under their numbers
+            self._layers = [l for l in self._layers if l in found]
+            if not self._layers:
+                raise ValueError("this pipeline stage holds none of the "
+                                 "monitored layers")
         missing = [l for l in self._layers if l not in found]
         if missing:
             raise ValueError(f"layers {missing} have no V projection; the model's "
@@ -218,6 +257,26 @@ class RVMonitor:
 
         self._owns_client = client is None
         self.client = client or Client(address, timeout=timeout)
+        self.group = None  # rvd.group.Group of a sharded model
+        self._shard_rows = {}  # group: {layer: (first_row, total_rows)}
+        if process_group is not None:
+            if self.resolved.layout != "separate":
+                raise ValueError(f"{self.resolved.pattern}: a {self.resolved.layout} "
+                                 "weight's shard holds Q and K rows too; rvd "
+                                 "takes sharded V_LAYOUT_SEPARATE weights only")
+            self.group = shard_group.form(process_group, self.model_id,
+                                          self.client.address, group_address,
+                                          group_id)
+            self.model_id = self.group.model_id
+            explicit = shard_group.explicit_rows(shard_rows)
+            self._shard_rows = {
+                l: shard_group.shard_rows_of(
+                    sharding, self._modules[l].weight, l, self.group.world_size,
+                    self.group.rank, self.resolved.geometry, explicit)
+                for l in self._layers}
+            # a rank holding no rows of a layer (FSDP, few rows) sends none
+            self._layers = [l for l in self._layers
+                            if shard_group.local_tensor(self._modules[l].weight).shape[0]]
         self._history = collections.deque(maxlen=history_maxlen)
         self._count = 0               # measurements recorded, ever
         self._latest: Optional[RVMeasurement] = None
@@ -278,7 +337,7 @@ class RVMonitor:
     # ---- the policy -------------------------------------------------------
 
     def _key(self, layer):
-        w = self._modules[layer].weight
+        w = shard_group.local_tensor(self._modules[layer].weight)
         return (w, w.data_ptr(), w._version)
 
     def _changed(self):
@@ -318,7 +377,7 @@ class RVMonitor:
         due = n % self.measurement_interval == 0
         if not due and not (self.adaptive and self._last_keys is not None):
             return self.rv  # nothing can trigger: not even the weights are looked at
-        changed = self._changed()
+        changed = self._changed() if self.group is None else self._layers
         if not changed:
             return self.rv
         trigger, delta = None, None
@@ -381,7 +440,8 @@ class RVMonitor:
     def _spec(self, layer, dtype, shape):
         """The TensorSpec of one layer's stored V tensor."""
         rows, cols = shape
-        g = self.resolved.geometry or (1, 1, rows)
+        whole = self._shard_rows[layer][1] if self.group is not None else rows
+        g = self.resolved.geometry or (1, 1, whole)
         return rvd_pb2.TensorSpec(
             name=self._names[layer], layer=layer, dtype=_DTYPES[dtype],
             shape=[rows, cols], layout=self._layout,
@@ -390,7 +450,7 @@ class RVMonitor:
 
     def _tensor(self, layer):
         """(TensorSpec, bytes) of one layer's stored V tensor, as it is now."""
-        w = self._modules[layer].weight.detach()
+        w = shard_group.local_tensor(self._modules[layer].weight.detach())
         if w.device.type != "cpu":
             w = w.to("cpu")
         if w.dtype == torch.float64:
@@ -407,6 +467,9 @@ class RVMonitor:
         header = Client.header(self.model_id, list(specs), self._step,
                                self.early_layers, self.late_layers,
                                self.per_head)
+        if self.group is not None:
+            header.shard_group.CopyFrom(self.group.proto([
+                shard_group.rows_proto(l, *self._shard_rows[l]) for l in self._layers]))
         try:
             m = self.client.measure_encoded(header, list(payloads), self.timeout)
         except RvdError as e:
