@@ -193,6 +193,48 @@ typedef int32_t (*rvd_gram_eigenvalues_fn)(rvd_cuda_engine* engine, const rvd_ma
                                            double* out, const rvd_call* call,
                                            rvd_status* status);
 
+/* ---- Tuning (issue 17; proposed for ABI 5, not yet in the table) ------
+ * What self_improve/'s tune loop needs from the GPU. A candidate is device
+ * code only (self_improve/generator.h: kCandidateSignature); the module owns
+ * every launch, buffer and timer. */
+typedef struct rvd_tune_module rvd_tune_module; /* opaque: one loaded candidate */
+
+typedef struct rvd_tune_device {
+  int32_t sm;               /* exact architecture: 90 for sm_90 */
+  double dram_bytes_per_s;  /* measured ceilings; 0 when not measured */
+  double fp32_flop_per_s;
+} rvd_tune_device;
+
+typedef struct rvd_tune_run {
+  /* In: the candidate's launch geometry (its "rvd-launch:" line). */
+  uint32_t threads, smem_bytes, grid;
+  uint32_t timed_launches; /* 0: one checked run only */
+  /* Out: the per-job sums, num_jobs each, from fresh NaN-poisoned buffers. */
+  double* g2;
+  double* trace;
+  float* maxabs;
+  int32_t input_written;   /* 1: the inputs differ from the module's private copy */
+  double* seconds;         /* timed_launches of them: device-wide sync before the end
+                            * event, L2 flushed between launches */
+} rvd_tune_run;
+
+typedef struct rvd_cuda_tune {
+  int32_t (*device)(rvd_cuda_engine* engine, rvd_tune_device* out, rvd_status* status);
+  /* NVRTC for the device's exact sm, then cuModuleLoadData (driver_api.h).
+   * NULL on failure; *log (malloc'ed, caller frees with free_log) holds the
+   * compile log on success and on error. */
+  rvd_tune_module* (*compile)(rvd_cuda_engine* engine, const char* source, char** log,
+                              rvd_status* status);
+  void (*free_log)(char* log);
+  /* Runs the candidate on batch (host matrices, copied to the device) and its
+   * jobs (rvd::tune::TuneJob, self_improve/candidate_abi.h). */
+  int32_t (*run)(rvd_cuda_engine* engine, rvd_tune_module* module, const rvd_matrix* batch,
+                 size_t n, const void* jobs, size_t num_jobs, rvd_tune_run* io,
+                 rvd_status* status);
+  /* Unloads the module after its last launch is fenced. */
+  void (*release)(rvd_cuda_engine* engine, rvd_tune_module* module);
+} rvd_cuda_tune;
+
 typedef struct rvd_cuda_module {
   uint32_t abi_version; /* RVD_CUDA_MODULE_ABI_VERSION of the module's build */
   uint32_t size;        /* sizeof(rvd_cuda_module) of the module's build */
