@@ -35,7 +35,7 @@ extern "C" {
  * 3: rvd_matrix carries a blocked view's block_rows and block_stride.
  * 4: live weights (CUDA IPC segments and events, rvd-owned device memory,
  *    snapshots with weight deltas) and the Gram eigenvalues. */
-#define RVD_CUDA_MODULE_ABI_VERSION 4u
+#define RVD_CUDA_MODULE_ABI_VERSION 5u
 /* The one symbol the module exports: a function returning its table. */
 #define RVD_CUDA_MODULE_SYMBOL "rvd_cuda_module_table"
 
@@ -193,7 +193,7 @@ typedef int32_t (*rvd_gram_eigenvalues_fn)(rvd_cuda_engine* engine, const rvd_ma
                                            double* out, const rvd_call* call,
                                            rvd_status* status);
 
-/* ---- Tuning (issue 17; proposed for ABI 5, not yet in the table) ------
+/* ---- Tuning (ABI 5, issue 17) -----------------------------------------
  * What self_improve/'s tune loop needs from the GPU. A candidate is device
  * code only (self_improve/generator.h: kCandidateSignature); the module owns
  * every launch, buffer and timer. */
@@ -260,6 +260,9 @@ typedef struct rvd_cuda_module {
    * answers UNIMPLEMENTED for it). */
   const rvd_cuda_live* live;
   rvd_gram_eigenvalues_fn gram_eigenvalues;
+  /* ABI 5. NULL: this module cannot tune (tune jobs answer
+   * FAILED_PRECONDITION). */
+  const rvd_cuda_tune* tune;
 } rvd_cuda_module;
 
 typedef const rvd_cuda_module* (*rvd_cuda_module_fn)(void);

@@ -163,7 +163,8 @@ int32_t GramEigenvalues(rvd_cuda_engine* h, const rvd_matrix* m, double* out,
 constexpr rvd_cuda_module kModule = {
     RVD_CUDA_MODULE_ABI_VERSION, sizeof(rvd_cuda_module), RVD_VERSION, &Create, &Destroy,
     &Version, &Compute, &Stats, &Lost, &AllocHost, &FreeHost,
-    /*live=*/&rvd::cuda::kLiveTable, /*gram_eigenvalues=*/&GramEigenvalues};
+    /*live=*/&rvd::cuda::kLiveTable, /*gram_eigenvalues=*/&GramEigenvalues,
+    /*tune=*/nullptr};
 
 }  // namespace
 

@@ -63,7 +63,8 @@ void FreeHost(rvd_cuda_engine*, void*) {}
 
 const rvd_cuda_module kModule = {FAKE_ABI, sizeof(rvd_cuda_module), "fake", &Create,
                                  &Destroy,  &Version, &Compute, &Stats, &Lost, &AllocHost,
-                                 &FreeHost, /*live=*/nullptr, /*gram_eigenvalues=*/nullptr};
+                                 &FreeHost, /*live=*/nullptr, /*gram_eigenvalues=*/nullptr,
+                                 /*tune=*/nullptr};
 
 }  // namespace
 
