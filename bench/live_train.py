@@ -222,10 +222,15 @@ def run_check(rvd, args, trainer, address, label):
 # ---- consistency: the trainer writes right after notifying --------------------------
 
 def run_consistency(rvd, args, trainer, address, label, broken):
-    """Interval 1; after each notification the optimizer steps again at
-    once (the same gradients): the snapshot must still be the notified
-    step's. broken: the pre-step hook (the wait on rvd's event) removed,
-    which the same check must catch."""
+    """Interval 1; right after each notification the trainer writes every
+    monitored V weight in place (one foreach kernel adding a fixed random
+    bump, which changes the PRs), after wait_for_snapshot() as a trainer
+    that writes weights outside its optimizer must: the snapshot must still
+    be the notified step's. broken: that wait and the optimizer's pre-step
+    hook removed, so the write races rvd's copy, which the same check must
+    catch. (An optimizer step as the writer would not do: AdamW reaches the
+    parameters only after its passes over the moments, milliseconds after
+    the copy has finished, so the race would never show.)"""
     from live_check import LiveChecker
     mon = monitor(rvd, trainer, address, measurement_interval=1, per_head=True,
                   transport="ipc", optimizer=trainer.opt)
@@ -234,12 +239,19 @@ def run_consistency(rvd, args, trainer, address, label, broken):
     layers = set(mon.layers)
     checker = LiveChecker(mon, lambda: trainer.v(layers), args.hidden // args.heads,
                           mon.early_layers, mon.late_layers)
+    vs = list(trainer.v(layers).values())
+    g = torch.Generator(device=vs[0].device).manual_seed(args.seed + 1)
+    bumps = [torch.randn(v.shape, generator=g, device=v.device).mul_(
+        0.05 * v.float().std().item()).to(v.dtype) for v in vs]
     for _ in range(args.consistency_steps):
         n = mon.steps + 1
         trainer.step(args.lr)
         checker.keep(n)
         mon.step()
-        trainer.opt.step()  # writes the weights at once
+        if not broken:
+            mon.wait_for_snapshot()
+        with torch.no_grad():
+            torch._foreach_add_(vs, bumps)  # writes the weights at once
         checker.check()
     checker.wait_for_step(mon.steps, 10.0)
     time.sleep(0.2)

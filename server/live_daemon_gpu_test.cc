@@ -541,7 +541,9 @@ TEST_F(LiveDaemonGpuTest, RefusalsFromTheModuleKeepNothing) {
   }
   r.mutable_tensors(4)->set_offset_bytes(place.segment_bytes[1] * 2);
   EXPECT_EQ(code(r, &message), grpc::StatusCode::INVALID_ARGUMENT) << message;
-  EXPECT_NE(message.find("lies outside its segment"), std::string::npos) << message;
+  // The module compares the producer's segment size with the mapping's
+  // before any tensor is placed in it.
+  EXPECT_NE(message.find("the producer says the segment holds"), std::string::npos) << message;
   // Then the same model registers and measures.
   rvd::v1::RegisterLiveModelResponse ok;
   {
