@@ -201,37 +201,49 @@ typedef struct rvd_tune_module rvd_tune_module; /* opaque: one loaded candidate 
 
 typedef struct rvd_tune_device {
   int32_t sm;               /* exact architecture: 90 for sm_90 */
+  char arch[16];            /* what NVRTC is given: "sm_90a" on Hopper */
   double dram_bytes_per_s;  /* measured ceilings; 0 when not measured */
   double fp32_flop_per_s;
+  uint64_t l2_bytes;
 } rvd_tune_device;
 
 typedef struct rvd_tune_run {
-  /* In: the candidate's launch geometry (its "rvd-launch:" line). */
+  /* In: the candidate's launch geometry (its "rvd-launch:" line); grid 0:
+   * one block per job. */
   uint32_t threads, smem_bytes, grid;
-  uint32_t timed_launches; /* 0: one checked run only */
-  /* Out: the per-job sums, num_jobs each, from fresh NaN-poisoned buffers. */
+  /* In: timed launches after the checked one (0: the checked run only). */
+  uint32_t timed_launches;
+  /* In: the bits every output slot holds before the checked run. */
+  uint64_t poison64;
+  uint32_t poison32;
+  /* Out (host, num_jobs each): the checked run's per-job sums, read from
+   * output buffers allocated fresh for this call. */
   double* g2;
   double* trace;
   float* maxabs;
-  int32_t input_written;   /* 1: the inputs differ from the module's private copy */
-  double* seconds;         /* timed_launches of them: device-wide sync before the end
-                            * event, L2 flushed between launches */
+  /* Out (host, timed_launches of them): each timed launch's seconds, L2
+   * flushed before it, the device synchronized before its end event. */
+  double* seconds;
+  /* Out: 1 when the inputs differ from the module's private copy afterwards. */
+  int32_t input_written;
 } rvd_tune_run;
 
 typedef struct rvd_cuda_tune {
   int32_t (*device)(rvd_cuda_engine* engine, rvd_tune_device* out, rvd_status* status);
-  /* NVRTC for the device's exact sm, then cuModuleLoadData (driver_api.h).
-   * NULL on failure; *log (malloc'ed, caller frees with free_log) holds the
-   * compile log on success and on error. */
+  /* NVRTC (libnvrtc, loaded at first use) for the device's exact arch, then
+   * cuModuleLoadData. NULL on failure (INVALID_ARGUMENT: the source does
+   * not compile, or has no rvd_tune_candidate). *log, when log is not NULL,
+   * is NVRTC's log (malloc'ed; free it with free_log). */
   rvd_tune_module* (*compile)(rvd_cuda_engine* engine, const char* source, char** log,
                               rvd_status* status);
   void (*free_log)(char* log);
-  /* Runs the candidate on batch (host matrices, copied to the device) and its
-   * jobs (rvd::tune::TuneJob, self_improve/candidate_abi.h). */
+  /* Runs the candidate on batch (host matrices, not blocked, copied to the
+   * device for this call) and jobs (num_jobs rvd::tune::TuneJob,
+   * self_improve/candidate_abi.h). Returns status->code. */
   int32_t (*run)(rvd_cuda_engine* engine, rvd_tune_module* module, const rvd_matrix* batch,
                  size_t n, const void* jobs, size_t num_jobs, rvd_tune_run* io,
                  rvd_status* status);
-  /* Unloads the module after its last launch is fenced. */
+  /* Unloads the module; waits for every launch of it first. */
   void (*release)(rvd_cuda_engine* engine, rvd_tune_module* module);
 } rvd_cuda_tune;
 

@@ -46,6 +46,11 @@ absl::Status LoadAll(DriverApi* api) {
   load("cuMemGetAddressRange", &api->cuMemGetAddressRange);
   load("cuMemCreate", &api->cuMemCreate);
   load("cuMemExportToShareableHandle", &api->cuMemExportToShareableHandle);
+  load("cuModuleLoadData", &api->cuModuleLoadData);
+  load("cuModuleGetFunction", &api->cuModuleGetFunction);
+  load("cuModuleUnload", &api->cuModuleUnload);
+  load("cuLaunchKernel", &api->cuLaunchKernel);
+  load("cuFuncSetAttribute", &api->cuFuncSetAttribute);
   return s;
 }
 

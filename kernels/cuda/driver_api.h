@@ -37,6 +37,12 @@ struct DriverApi {
   // A producer's side (tests).
   PFN_cuMemCreate_v10020 cuMemCreate = nullptr;
   PFN_cuMemExportToShareableHandle_v10020 cuMemExportToShareableHandle = nullptr;
+  // Tuning candidates (tune.cc): NVRTC's CUBIN loaded and launched.
+  PFN_cuModuleLoadData_v2000 cuModuleLoadData = nullptr;
+  PFN_cuModuleGetFunction_v2000 cuModuleGetFunction = nullptr;
+  PFN_cuModuleUnload_v2000 cuModuleUnload = nullptr;
+  PFN_cuLaunchKernel_v4000 cuLaunchKernel = nullptr;
+  PFN_cuFuncSetAttribute_v9000 cuFuncSetAttribute = nullptr;
 };
 
 // The table, loaded on first use (needs the CUDA runtime initialized on a

@@ -15,6 +15,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_engine.h"
 #include "kernels/cuda/live.h"
+#include "kernels/cuda/tune.h"
 #include "kernels/cuda_module.h"
 #include "kernels/engine.h"
 
@@ -33,6 +34,7 @@ struct rvd_cuda_engine {
 };
 
 rvd::cuda::Live* LiveOf(rvd_cuda_engine* engine) { return engine->live.get(); }
+int rvd::cuda::TuneDeviceOf(rvd_cuda_engine* engine) { return engine->engine->device(); }
 
 namespace {
 
@@ -164,7 +166,7 @@ constexpr rvd_cuda_module kModule = {
     RVD_CUDA_MODULE_ABI_VERSION, sizeof(rvd_cuda_module), RVD_VERSION, &Create, &Destroy,
     &Version, &Compute, &Stats, &Lost, &AllocHost, &FreeHost,
     /*live=*/&rvd::cuda::kLiveTable, /*gram_eigenvalues=*/&GramEigenvalues,
-    /*tune=*/nullptr};
+    /*tune=*/&rvd::cuda::kTuneTable};
 
 }  // namespace
 
