@@ -483,7 +483,6 @@ struct Contender {
   bool no_finalize = false;  // the kernel alone (a probe: no PR)
   bool whole = false;  // the live kernel with no job cut (FusedV4Plan)
   bool tall = false;   // v4's triangle on tall 16-bit W (MN-major tiles; off in the policy)
-  bool next = false;   // f32 paired tiles with direct loads (LaunchFusedV4Next; not served)
 };
 constexpr Contender kContenders[] = {
     {"v3", FusedKernel::kV3, fused_v4::kLive, true},
@@ -492,7 +491,6 @@ constexpr Contender kContenders[] = {
     {"v4", FusedKernel::kV4, fused_v4::kLive, true},
     {"v4-tri", FusedKernel::kV4Triangle, fused_v4::kLive, true},
     {"v4-whole", FusedKernel::kV4, fused_v4::kLive, true, false, false, true},
-    {"v4-next", FusedKernel::kV4, fused_v4::kLive, true, false, false, false, false, true},
 #ifdef RVD_V4_PREV
     {"v4-prev", FusedKernel::kV4, fused_v4::kLive, true, true},
 #endif
@@ -513,7 +511,6 @@ cudaError_t RunContender(const FusedPrepared& f, const Contender& v, cudaStream_
     return FinalizeUnlessFinished(f, LaunchFusedV4Prev(f.dtype, f.V4Launch(), s), s);
   }
 #endif
-  if (v.next) return FinalizeUnlessFinished(f, LaunchFusedV4Next(f.dtype, f.V4Launch(), s), s);
   if (v.no_finalize) {
     FusedV4Launch l = f.V4Launch();
     l.pr = nullptr;
@@ -534,11 +531,6 @@ bool Applies(const Contender& v, DType dt, int64_t rows, int64_t cols) {
   if (v.tall) return FusedV4TallRuns(dt, rows, cols, /*aligned=*/true);
   if (rows > cols) return false;  // (v4's wide kernels)
   const bool f32 = dt == DType::kF32;
-  // "v4-next": where v4 runs paired tiles (elsewhere it is v4 itself).
-  if (v.next) {
-    return f32 && rows > kFusedPolicyV4Sm90.block_tile &&
-           IsFusedV4(ChooseFusedKernel(9, 0, dt, rows, cols, /*aligned=*/true));
-  }
   if ((v.v4_mode == fused_v4::kProbeNoConvert || v.v4_mode == fused_v4::kProbeMmaOnly) && !f32) {
     return false;
   }
@@ -846,8 +838,8 @@ int Sustain(cudaStream_t stream, nlohmann::json* out) {
       {{32, 1024, 4096, DType::kBF16, "sustain"}, {"v4", "v4-prev", "v4", "v4-prev"}},
       // f32 Grams of side > 128: v4's paired tiles against v3's 3xTF32
       // (what served them before), and the Llama-2-7B V set without GQA.
-      {{32, 1024, 4096, DType::kF32, "sustain"}, {"v4", "v3", "v4-next", "v4", "v4-next"}},
-      {{32, 4096, 4096, DType::kF32, "sustain"}, {"v4", "v3", "v4-next", "v4", "v4-next"}},
+      {{32, 1024, 4096, DType::kF32, "sustain"}, {"v4", "v3", "v4", "v3"}},
+      {{32, 4096, 4096, DType::kF32, "sustain"}, {"v4", "v3", "v4", "v3"}},
       {{32, 4096, 4096, DType::kBF16, "sustain"}, {"v4", "v3"}},
       // Tall 16-bit: v1 (what serves it) against v4's triangle on MN-major
       // tiles (the policy's `tall`, off until measured).

@@ -4,7 +4,6 @@
 //   LaunchFusedV2Probe  bf16 v3 with probe flags: the product kernel with
 //                       its hooks (dev::V2Probe), here alone
 //   LaunchFusedV4Probe  fused v4 in a probe mode (fused_v4_kernel.cuh, Mode)
-//   LaunchFusedV4Next   fused v4, f32 paired tiles from the direct-load instance
 #include "kernels/cuda/fused_launch.cuh"
 #include "kernels/cuda/fused_v4_launch.cuh"
 #include "bench/dev/fused_probes.h"
@@ -79,11 +78,6 @@ cudaError_t LaunchFusedV2Probe(const MatrixDesc* mats, const FusedJobV2* jobs,
   kernel<<<num_jobs * splits, v2::kThreads, smem, stream>>>(mats, jobs, num_jobs * splits,
                                                            stage_bytes, g2, trace, maxabs);
   return cudaGetLastError();
-}
-
-cudaError_t LaunchFusedV4Next(DType dtype, const FusedV4Launch& launch, cudaStream_t stream) {
-  if (dtype != DType::kF32) return LaunchFusedV4(dtype, launch, stream);
-  return fused_v4::LaunchFusedV4T<float, fused_v4::kLive, /*kDirect=*/true>(launch, stream);
 }
 
 cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const FusedV4Launch& launch,

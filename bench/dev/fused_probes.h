@@ -24,12 +24,6 @@ cudaError_t LaunchFusedV2Probe(const MatrixDesc* mats, const FusedJobV2* jobs,
 cudaError_t LaunchFusedV4Probe(fused_v4::Mode mode, DType dtype, const FusedV4Launch& launch,
                                cudaStream_t stream);
 
-// rvd_bench_gpu --ab / --sustain "v4-next": v4 with its f32 paired tiles
-// (Gram side > 128) from the direct-load instance (fused_v4_kernel.cuh,
-// ConvertDirectTiles: not served), every other launch as LaunchFusedV4.
-// Exact: it takes part in the accuracy table too.
-cudaError_t LaunchFusedV4Next(DType dtype, const FusedV4Launch& launch, cudaStream_t stream);
-
 }  // namespace rvd::cuda
 
 #endif  // RVD_BENCH_DEV_FUSED_PROBES_H_

@@ -60,38 +60,11 @@ cudaError_t LaunchFusedV4Mutant(DType dtype, const FusedV4Launch& launch, cudaSt
   return v4::LaunchFusedV4T<__nv_bfloat16, v4::kMutant>(launch, stream);
 }
 
-// v4's f32 paired tiles (Gram side > 128) from the direct-load instance
-// (fused_v4_kernel.cuh, ConvertDirectTiles: not served, so the product
-// module holds no instance of it), live and mutant (the paired tiles'
-// mutant: the last k-step reads B at the slice's first); every other launch
-// as the product's (live) or FusedMutantLaunchers' (mutant).
-cudaError_t LaunchFusedV4Direct(DType dtype, const FusedV4Launch& launch, cudaStream_t stream) {
-  if (dtype != DType::kF32) return LaunchFusedV4(dtype, launch, stream);
-  return fused_v4::LaunchFusedV4T<float, fused_v4::kLive, /*kDirect=*/true>(launch, stream);
-}
-
-cudaError_t LaunchFusedV4DirectMutant(DType dtype, const FusedV4Launch& launch,
-                                      cudaStream_t stream) {
-  if (dtype != DType::kF32) return LaunchFusedV4Mutant(dtype, launch, stream);
-  return fused_v4::LaunchFusedV4T<float, fused_v4::kMutant, /*kDirect=*/true>(launch, stream);
-}
-
 }  // namespace
 
 const FusedLaunchers& FusedMutantLaunchers() {
   static constexpr FusedLaunchers kMutants{&LaunchFusedMutant, &LaunchFusedV2Mutant,
                                            &LaunchFusedV4Mutant};
-  return kMutants;
-}
-
-const FusedLaunchers& FusedV4DirectLaunchers() {
-  static constexpr FusedLaunchers kDirect{&LaunchFused, &LaunchFusedV2, &LaunchFusedV4Direct};
-  return kDirect;
-}
-
-const FusedLaunchers& FusedV4DirectMutantLaunchers() {
-  static constexpr FusedLaunchers kMutants{&LaunchFusedMutant, &LaunchFusedV2Mutant,
-                                           &LaunchFusedV4DirectMutant};
   return kMutants;
 }
 

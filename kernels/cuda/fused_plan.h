@@ -89,12 +89,6 @@ absl::Status PlanFusedCall(absl::Span<const MatrixView> views, const DeviceInfo&
 // Tests only (fused_mutant.cu, linked into the GPU test binary alone): the
 // deliberately wrong fused kernels that prove the checks can fail.
 const FusedLaunchers& FusedMutantLaunchers();
-// Also tests only: the product's kernels but for v4's f32 paired tiles,
-// which run the direct-load instance (rvd_bench_gpu's "v4-next", not
-// served), and that instance's mutant with FusedMutantLaunchers' others.
-// (Swapped in with CudaEngine::UseFusedMutantForTest: counted as MUTANT-.)
-const FusedLaunchers& FusedV4DirectLaunchers();
-const FusedLaunchers& FusedV4DirectMutantLaunchers();
 
 // Queues `call` on `stream` with `table`'s kernels: its descriptors already
 // at `descriptors` (the uploaded blob), its work memory at `work`, `tickets`

@@ -118,19 +118,15 @@ constexpr int kMaxConsumerWarps = Consumers<true>::kWarps;
 //           one 128 x 64 tile: an off-diagonal job's slice takes two of
 //           each (its row block A, then its column block B), a diagonal
 //           job's one (see ConvertPairedTiles).
-//   f32 pairs, direct (kDirect, not served: rvd_bench_gpu's "v4-next"):
-//           no stages (the converters load their tiles from global memory
-//           into registers, ConvertDirectTiles), 7 sets.
-template <typename T, bool kTriangle = false, bool kPairs = false, bool kDirect = false>
+template <typename T, bool kTriangle = false, bool kPairs = false>
 struct Layout {
   static constexpr bool kF32 = ::cuda::std::is_same_v<T, float>;
   static_assert(!(kF32 && kTriangle), "f32 runs square jobs only");
   static_assert(kF32 || !kPairs, "paired tiles are f32's");
-  static_assert(kPairs || !kDirect, "direct loads: the paired tiles'");
-  static constexpr int kStages = kF32 ? (kDirect ? 0 : (kPairs ? 2 : 4)) : 6;
+  static constexpr int kStages = kF32 ? (kPairs ? 2 : 4) : 6;
   static constexpr int kTileBytes = kTile * kSliceK * (kF32 ? 4 : 2);  // one TMA copy
   static constexpr int kStageBytes = kF32 ? kTileBytes : 2 * kTileBytes;
-  static constexpr int kSets = kF32 ? (kDirect ? 7 : (kPairs ? 5 : 3)) : 0;
+  static constexpr int kSets = kF32 ? (kPairs ? 5 : 3) : 0;
   static constexpr int kSetBytes = 2 * kHalfTileBytes;
   static constexpr int kSetOffset = kStages * kStageBytes;
   static constexpr int kFullOffset = kSetOffset + kSets * kSetBytes;
@@ -172,15 +168,12 @@ struct Layout {
 // warpgroups (104 each: eight float4 in flight per thread), and the
 // consumers hold one accumulator set and the sums (152): the tensor cores
 // are not what limits f32, the conversion is (run s4-3).
-// kDirect (ConvertDirectTiles): 120 / 136, the converters holding a tile
-// and issuing the loads of the next one (104 and 112 spilled 44-52 bytes;
-// the consumers' one accumulator set and the sums fit in 136).
-template <typename T, bool kTriangle = false, bool kDirect = false>
+template <typename T, bool kTriangle = false>
 struct Registers {
   using L = Layout<T, kTriangle>;
   static constexpr int kLaunch = 65536 / L::kThreads / 8 * 8;
-  static constexpr int kThird = kDirect ? 120 : (L::kF32 ? 104 : (kTriangle ? 56 : 40));
-  static constexpr int kConsumer = kDirect ? 136 : (L::kF32 || kTriangle ? 152 : 232);
+  static constexpr int kThird = L::kF32 ? 104 : (kTriangle ? 56 : 40);
+  static constexpr int kConsumer = L::kF32 || kTriangle ? 152 : 232;
   static_assert(Consumers<kTriangle>::kGroups * (kConsumer - kLaunch) ==
                     L::kThirdWarpgroups * (kLaunch - kThird),
                 "register budget");
@@ -725,27 +718,6 @@ __device__ __forceinline__ void ConvertFloat4(float4 v, float scale, uint32_t hi
                : "memory");
 }
 
-// ConvertFloat4's stores with lo times `lo_mul` (1 or 2 in both halves:
-// exact, |lo| <= 8), chosen per tile at run time (ConvertDirectTiles).
-__device__ __forceinline__ void ConvertFloat4Mul(float4 v, float scale, __half2 lo_mul,
-                                                 uint32_t hi, uint32_t lo, int t) {
-  const int row = t / 16, h = t % 16;
-  const float x[4] = {v.x * scale, v.y * scale, v.z * scale, v.w * scale};
-  const __half2 h01 = __floats2half2_rn(x[0], x[1]), h23 = __floats2half2_rn(x[2], x[3]);
-  const float2 b01 = __half22float2(h01), b23 = __half22float2(h23);
-  const __half2 l01 = __hmul2(__floats2half2_rn(x[0] - b01.x, x[1] - b01.y), lo_mul);
-  const __half2 l23 = __hmul2(__floats2half2_rn(x[2] - b23.x, x[3] - b23.y), lo_mul);
-  const uint32_t at = row * 128 + (((h / 2) ^ (row % 8)) << 4) + (h % 2) * 8;
-  asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(hi + at),
-               "r"(*reinterpret_cast<const uint32_t*>(&h01)),
-               "r"(*reinterpret_cast<const uint32_t*>(&h23))
-               : "memory");
-  asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(lo + at),
-               "r"(*reinterpret_cast<const uint32_t*>(&l01)),
-               "r"(*reinterpret_cast<const uint32_t*>(&l23))
-               : "memory");
-}
-
 // Task q of converter ct is float4 ct + 128 q of the tile; each 8 lanes
 // read 128 contiguous bytes.
 __device__ __forceinline__ int TaskIndex(int ct, int q) { return ct + kConverters * q; }
@@ -1060,143 +1032,17 @@ __device__ __forceinline__ void ConvertPairedTiles(const TensorMap* maps, const 
   }
 }
 
-// The paired tiles with direct loads (kDirect: rvd_bench_gpu's "v4-next",
-// not served). ConvertPairedTiles moves every f32 tile through shared
-// memory three times before the consumers see it (the TMA copy writes it,
-// the converters read it, then write hi and lo): per off-diagonal slice 192
-// KB next to the wgmma's own 144 KB of operand reads. Here each converter
-// thread loads its 16 float4 of the tile from global memory (L2) into
-// registers, so shared memory carries only hi and lo (64 KB a slice); the
-// stages' 64 KB become two more sets (7: three and a half slices between
-// converters and consumers). The loads of the group's next tile are issued
-// while the current one is converted, each half once its registers are
-// free (q 0-7 after the first half is stored, 8-15 after the second), so
-// they are in flight during the conversion and the barriers. Rows past the
-// matrix and K past its columns read as zero (as TMA's copies): the same
-// hi and lo as ConvertPairedTiles, the same products off the diagonal.
-//
-// A diagonal job's tile (B = A) gets 2 lo instead of lo, and the consumers
-// run hi hi^T + hi (2 lo)^T on it (8 wgmma a slice, not 12): its sums hold
-// the whole symmetric 128 x 128 square of G_AA, where trace and sum of
-// squares are exact up to the second-order term of ConvertSlices (the sums
-// of a diagonal job are linear in its slices, K-pieces included, so the
-// identity holds for their total).
-template <int kMode>
-__device__ __forceinline__ void ConvertDirectTiles(const MatrixDesc* mats, const FusedJobV2* jobs,
-                                                   const Schedule& sched, uint32_t tiles,
-                                                   uint32_t set_full0, uint32_t set_empty0,
-                                                   float* set_inv, uint32_t* red_max) {
-  using L = Layout<float, false, true, true>;
-  static_assert(kMode == kLive || kMode == kMutant, "no probe instances");
-  const int g = (threadIdx.x - 128 * Consumers<false>::kGroups) / kConverters;
-  const int ct = threadIdx.x % kConverters;
-  uint32_t* const slots = red_max + 12 * g;  // as ConvertPairedTiles
-  auto step = [&](TileCursor& c) {
-    for (int i = 0; i < kConverterGroups; ++i) c.Next(jobs, mats, sched);
-  };
-  TileCursor cur;
-  cur.Start(jobs, mats, sched);
-  for (int i = 0; i < g; ++i) cur.Next(jobs, mats, sched);
-  // Converter ct's float4 q (TaskIndex(ct, q)): tile row ct / 16 + 8 q,
-  // floats 4 (ct % 16) .. + 3 of the slice.
-  const int r0 = ct / 16, c4 = 4 * (ct % 16);
-  float4 v[kConvertTasks];
-  constexpr int kHalf = kConvertTasks / 2;
-  // Half h of tile t's float4s (q in [kHalf h, kHalf (h + 1))) into v.
-  auto load = [&](const TileCursor& t, int h) {
-    if (t.u >= sched.units) return;
-    const MatrixDesc& d = mats[t.unit.job.matrix];
-    const int col = t.k * kSliceK + c4;
-    const int row = t.Row() + r0 + 8 * kHalf * h;
-    const int cols_left = d.cols - col;  // this float4's floats inside W: min(4, cols_left)
-    const int rows_left = d.rows - row;
-    const int64_t down = 8 * d.ld * static_cast<int64_t>(sizeof(float));  // 8 rows, bytes
-    const float* const p =
-        static_cast<const float*>(d.data) + static_cast<int64_t>(row) * d.ld + col;
-    float4* const x = v + kHalf * h;
-    if (cols_left >= 4) {
-      // The 8 loads in one asm, one address stepped 8 rows at a time; rows
-      // past the matrix read as zero. (Global memory, read-only during the
-      // kernel; each float is read once per block, so not kept in L1.)
-      static_assert(kHalf == 8);
-      asm volatile(
-          "{\n .reg .pred p;\n .reg .b64 a;\n mov.b64 a, %32;\n"
-#define RVD_V4_LOAD_ROW(o0, o1, o2, o3, rows)                                          \
-  " mov.b32 %" #o0 ", 0;\n mov.b32 %" #o1 ", 0;\n mov.b32 %" #o2 ", 0;\n mov.b32 %" #o3 \
-  ", 0;\n setp.gt.s32 p, %34, " #rows ";\n @p ld.global.nc.L1::no_allocate.v4.f32 {%" #o0  \
-  ", %" #o1 ", %" #o2 ", %" #o3 "}, [a];\n add.s64 a, a, %33;\n"
-          RVD_V4_LOAD_ROW(0, 1, 2, 3, 0) RVD_V4_LOAD_ROW(4, 5, 6, 7, 8)
-          RVD_V4_LOAD_ROW(8, 9, 10, 11, 16) RVD_V4_LOAD_ROW(12, 13, 14, 15, 24)
-          RVD_V4_LOAD_ROW(16, 17, 18, 19, 32) RVD_V4_LOAD_ROW(20, 21, 22, 23, 40)
-          RVD_V4_LOAD_ROW(24, 25, 26, 27, 48) RVD_V4_LOAD_ROW(28, 29, 30, 31, 56)
-#undef RVD_V4_LOAD_ROW
-          "}"
-          : "=f"(x[0].x), "=f"(x[0].y), "=f"(x[0].z), "=f"(x[0].w), "=f"(x[1].x), "=f"(x[1].y),
-            "=f"(x[1].z), "=f"(x[1].w), "=f"(x[2].x), "=f"(x[2].y), "=f"(x[2].z), "=f"(x[2].w),
-            "=f"(x[3].x), "=f"(x[3].y), "=f"(x[3].z), "=f"(x[3].w), "=f"(x[4].x), "=f"(x[4].y),
-            "=f"(x[4].z), "=f"(x[4].w), "=f"(x[5].x), "=f"(x[5].y), "=f"(x[5].z), "=f"(x[5].w),
-            "=f"(x[6].x), "=f"(x[6].y), "=f"(x[6].z), "=f"(x[6].w), "=f"(x[7].x), "=f"(x[7].y),
-            "=f"(x[7].z), "=f"(x[7].w)
-          : "l"(p), "l"(down), "r"(rows_left));
-    } else {  // K's last floats (cols not a multiple of 4), or past K: zero
-#pragma unroll
-      for (int i = 0; i < kHalf; ++i) {
-        const float* const pi = p + i * (down / 4);
-        const bool in = 8 * i < rows_left;
-        x[i].x = in && cols_left > 0 ? __ldg(pi) : 0.0f;
-        x[i].y = in && cols_left > 1 ? __ldg(pi + 1) : 0.0f;
-        x[i].z = in && cols_left > 2 ? __ldg(pi + 2) : 0.0f;
-        x[i].w = 0.0f;
-      }
-    }
-  };
-  load(cur, 0);
-  load(cur, 1);
-  while (cur.u < sched.units) {
-    const int set = cur.n % L::kSets;
-    const uint32_t set_phase = ((cur.n / L::kSets) & 1) ^ 1;
-    const __half2 lo_mul = __float2half2_rn(cur.pair ? 1.0f : 2.0f);
-    float mx = 0.0f;
-#pragma unroll
-    for (int q = 0; q < kConvertTasks; ++q) mx = fmaxf(mx, MaxAbs(v[q]));
-    const TileScale ts = ExactScale(ConverterMax(mx, g, slots));
-    MbarWait(set_empty0 + 8 * set, set_phase);
-    const uint32_t hi = tiles + L::kSetOffset + set * L::kSetBytes;
-#pragma unroll
-    for (int q = 0; q < kHalf; ++q) {
-      ConvertFloat4Mul(v[q], ts.scale, lo_mul, hi, hi + kHalfTileBytes, TaskIndex(ct, q));
-    }
-    step(cur);  // now the group's next tile
-    load(cur, 0);
-#pragma unroll
-    for (int q = kHalf; q < kConvertTasks; ++q) {
-      ConvertFloat4Mul(v[q], ts.scale, lo_mul, hi, hi + kHalfTileBytes, TaskIndex(ct, q));
-    }
-    load(cur, 1);
-    // The tensor cores read the set through the async proxy; the barrier:
-    // the whole set is written (and every warp has read the group's maxima
-    // in `slots` before the next tile's are written).
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    asm volatile("bar.sync %0, %1;" ::"r"(2 + g), "n"(kConverters) : "memory");
-    if (ct == 0) {
-      set_inv[set] = InverseScale(ts.scale);
-      MbarArrive(set_full0 + 8 * set);
-    }
-  }
-}
-
 #endif  // RVD_FUSED_V4_DEVICE
 
-template <typename T, int kMode, bool kTriangle, bool kPairs = false, bool kTall = false,
-          bool kDirect = false>
+template <typename T, int kMode, bool kTriangle, bool kPairs = false, bool kTall = false>
 __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
     FusedV4Kernel(const TensorMap* maps, const MatrixDesc* mats, const FusedJobV2* jobs,
                   Schedule sched, double* g2, double* trace, float* maxabs, double* pr,
                   int32_t* status) {
 #ifdef RVD_FUSED_V4_DEVICE
-  using L = Layout<T, kTriangle, kPairs, kDirect>;
+  using L = Layout<T, kTriangle, kPairs>;
   static_assert(!kTall || (kTriangle && !L::kF32), "tall W: the 16-bit triangle");
-  using R = Registers<T, kTriangle, kDirect>;  // (kPairs: the same warpgroups)
+  using R = Registers<T, kTriangle>;  // (kPairs: the same warpgroups)
   using C = Consumers<kTriangle>;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = SmemAddr(smem_raw);
@@ -1228,10 +1074,7 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
 
   if (warp >= C::kWarps) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R::kThird));
-    if constexpr (kDirect) {
-      ConvertDirectTiles<kMode>(mats, jobs, sched, tiles, set_full0, set_empty0, set_inv,
-                                red_max);
-    } else if constexpr (kPairs) {
+    if constexpr (kPairs) {
       ConvertPairedTiles<kMode>(maps, mats, jobs, sched, tiles, full0, set_full0, set_empty0,
                                 set_inv, red_max);
     } else if constexpr (L::kF32) {
@@ -1468,40 +1311,6 @@ __global__ void __launch_bounds__(Layout<T, kTriangle>::kThreads, 1)
       // not do: with hi rounded to nearest, errors of order lo in G mostly
       // cancel in ||G||^2, which is also why hi hi^T + hi (2 lo)^T works.)
       const bool pair = !diag;
-      if (kDirect && diag) {
-        // kDirect's diagonal jobs: hi hi^T + hi (2 lo)^T (ConvertDirectTiles),
-        // 8 wgmma a slice, into their own array (part1: one array per wgmma
-        // sequence, else ptxas serializes them, C7511).
-        for (int s = 0; s < slices; ++s) {
-          prepare();
-          const uint32_t a = ready + row0 * 128;
-          const uint32_t b = ready;
-          const float inv = __fmul_rn(ready_inv, ready_inv);
-          FenceAccumulators(part1);
-          WgmmaFence();
-#pragma unroll
-          for (int kk = 0; kk < kSliceK / 16; ++kk) {
-            const int kb = kMode == kMutant && kk == kSliceK / 16 - 1 ? 0 : kk;
-            const uint64_t ah = SwizzledDesc(a + 32 * kk);
-            const uint64_t bh = SwizzledDesc(b + 32 * kb);
-            const uint64_t bl = SwizzledDesc(b + kHalfTileBytes + 32 * kb);
-            if (kk == 0) {
-              Wgmma<__half, C::kN, true>(part1, ah, bh);
-            } else {
-              Wgmma<__half, C::kN, false>(part1, ah, bh);
-            }
-            Wgmma<__half, C::kN, false>(part1, ah, bl);
-          }
-          WgmmaCommit();
-          WgmmaWait<0>();
-          FenceAccumulators(part1);
-          free_slot();
-#pragma unroll
-          for (int i = 0; i < kAcc; ++i) sum[i] = __fmaf_rn(part1[i], inv, sum[i]);
-        }
-        finish();
-        continue;
-      }
       for (int s = 0; s < slices; ++s) {
         prepare();
         const uint32_t a = ready + row0 * 128;

@@ -13,8 +13,7 @@
 
 namespace rvd::cuda::fused_v4 {
 
-template <typename T, int kMode, bool kTriangle, bool kPairs = false, bool kTall = false,
-          bool kDirect = false>
+template <typename T, int kMode, bool kTriangle, bool kPairs = false, bool kTall = false>
 cudaError_t LaunchFusedV4Shape(const FusedV4Launch& l, cudaStream_t stream) {
   const FusedV4Plan& plan = l.plan;
   if (plan.units <= 0) return cudaSuccess;
@@ -25,8 +24,8 @@ cudaError_t LaunchFusedV4Shape(const FusedV4Launch& l, cudaStream_t stream) {
   }
   const Schedule sched{plan.cut, plan.pieces, plan.units, cut ? l.partials : nullptr,
                        cut ? l.tickets : nullptr};
-  auto* kernel = FusedV4Kernel<T, kMode, kTriangle, kPairs, kTall, kDirect>;
-  constexpr int smem = Layout<T, kTriangle, kPairs, kDirect>::kSmemBytes;
+  auto* kernel = FusedV4Kernel<T, kMode, kTriangle, kPairs, kTall>;
+  constexpr int smem = Layout<T, kTriangle, kPairs>::kSmemBytes;
   const cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
@@ -36,16 +35,10 @@ cudaError_t LaunchFusedV4Shape(const FusedV4Launch& l, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// kDirect: f32 paired tiles with direct loads (ConvertDirectTiles; not
-// served: the benchmark's "v4-next" and the GPU test's instances, live and
-// mutant); every other launch as without.
-template <typename T, int kMode, bool kDirect = false>
+template <typename T, int kMode>
 cudaError_t LaunchFusedV4T(const FusedV4Launch& l, cudaStream_t stream) {
   if constexpr (std::is_same_v<T, float>) {
     if (l.triangle || l.tall) return cudaErrorInvalidValue;
-    if constexpr (kDirect && (kMode == kLive || kMode == kMutant)) {
-      if (l.pairs) return LaunchFusedV4Shape<T, kMode, false, true, false, true>(l, stream);
-    }
     if (l.pairs) {
       // (The paired-tile kernel's instances: live, mutant, and the probes
       // that leave out its copies, its conversion or both.)

@@ -71,8 +71,6 @@ const std::vector<DeviceHeader>& Headers() {
        "",
        {"&rvd::cuda::fused_v4::FusedV4Kernel<float, rvd::cuda::fused_v4::kLive, false>",
         "&rvd::cuda::fused_v4::FusedV4Kernel<float, rvd::cuda::fused_v4::kLive, false, true>",
-        "&rvd::cuda::fused_v4::FusedV4Kernel<float, rvd::cuda::fused_v4::kLive, false, true, "
-        "false, true>",
         "&rvd::cuda::fused_v4::FusedV4Kernel<__nv_bfloat16, rvd::cuda::fused_v4::kLive, false>",
         "&rvd::cuda::fused_v4::FusedV4Kernel<__half, rvd::cuda::fused_v4::kLive, true>",
         "&rvd::cuda::fused_v4::FusedV4Kernel<__nv_bfloat16, rvd::cuda::fused_v4::kLive, true, "
