@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <random>
 #include <set>
 #include <utility>
@@ -329,21 +330,22 @@ absl::StatusOr<Measurement> ShardGroups::MeasureShard(const MeasureHeader& heade
     x.set_incarnation(incarnation_);
     x.set_step(step);
     for (const ShardData& s : own) *x.add_shards() = s;
-    if (x.ByteSizeLong() > static_cast<size_t>(rvd::v1::kMaxRequestMessageBytes)) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "shard_group: rank ", rank, "'s rows for rank ", p, " are ", x.ByteSizeLong(),
-          " bytes, more than one message (", rvd::v1::kMaxRequestMessageBytes,
-          "); the copy exchange sends one message per peer"));
-    }
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(std::min(half, deadline)));
-    rvd::v1::ExchangeShardResponse unused;
-    grpc::Status sent = StubFor(g.peers(p))->ExchangeShard(&ctx, x, &unused);
-    if (!sent.ok()) {
-      // The peer cannot measure this step then; the coordinator names it.
-      spdlog::warn("group {} step {}: rows for rank {} at {} not delivered: {}",
-                   LogEscape(g.group_id()), step, p, LogEscape(g.peers(p)),
-                   LogEscape(sent.error_message()));
+    // In messages under the gRPC limit; the peer assembles them.
+    absl::StatusOr<std::vector<ExchangeShardRequest>> chunks =
+        SplitExchange(x, static_cast<size_t>(rvd::v1::kMaxRequestMessageBytes));
+    if (!chunks.ok()) return chunks.status();
+    for (const ExchangeShardRequest& c : *chunks) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(std::min(half, deadline)));
+      rvd::v1::ExchangeShardResponse unused;
+      grpc::Status sent = StubFor(g.peers(p))->ExchangeShard(&ctx, c, &unused);
+      if (!sent.ok()) {
+        // The peer cannot measure this step then; the coordinator names it.
+        spdlog::warn("group {} step {}: rows for rank {} at {} not delivered (message {} of {}): {}",
+                     LogEscape(g.group_id()), step, p, LogEscape(g.peers(p)), c.chunk() + 1,
+                     c.chunk_count(), LogEscape(sent.error_message()));
+        break;
+      }
     }
   }
 
@@ -448,7 +450,12 @@ absl::Status ShardGroups::ReceiveShards(const ExchangeShardRequest& request) {
     }
     it = it->second.empty() ? inbox.steps.erase(it) : std::next(it);
   }
-  inbox.steps[request.step()][static_cast<int>(request.from_rank())] = {request, now};
+  // A sender's rows count once all of its messages of the step came.
+  assembler_.Expire(now - 2 * options_.timeout);
+  absl::StatusOr<std::optional<ExchangeShardRequest>> whole = assembler_.Add(request, now);
+  if (!whole.ok()) return Bad(std::string(whole.status().message()));
+  if (!whole->has_value()) return absl::OkStatus();
+  inbox.steps[request.step()][static_cast<int>(request.from_rank())] = {std::move(**whole), now};
   while (inbox.steps.size() > static_cast<size_t>(GroupSteps::kMaxPendingSteps)) {
     inbox.steps.erase(inbox.steps.begin());
   }

@@ -40,6 +40,7 @@
 #include "kernels/engine.h"
 #include "rvd/v1/rvd.grpc.pb.h"
 #include "server/group_steps.h"
+#include "server/shard_chunks.h"
 #include "server/history.h"
 
 namespace rvd {
@@ -137,6 +138,7 @@ class ShardGroups {
   std::condition_variable changed_;  // a step ended or rows came
   std::map<std::string, Coordinated> coordinated_;  // by group id
   std::map<std::string, Inbox> inbox_;              // by group id
+  ShardAssembler assembler_;  // senders' messages until each one's rows are whole
   std::map<std::string, std::shared_ptr<rvd::v1::Rvd::Stub>> stubs_;  // by address
 };
 
