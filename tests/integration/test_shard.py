@@ -200,3 +200,71 @@ def test_a_rank_restarting_mid_step(tmp_path):
     finally:
         for d in ds:
             d.stop()
+
+
+@pytest.mark.xfail(strict=True, reason="open: the group completes, but layer 1's PR is 43.29 "
+                   "against the oracle's 42.28 (layer 0 within 2e-6); not yet diagnosed")
+def test_rows_over_one_message_are_sent_in_chunks(tmp_path):
+    """Each rank's rows (2 layers of 2048 x 2100 f32: 16.4 MiB a layer)
+    exceed the 16 MiB gRPC message limit of ExchangeShard, so the
+    exchange is split per layer and each layer's rows in row ranges."""
+    layers, kv, head_dim, hidden, world = 2, 32, 128, 2100, 2
+    rows = kv * head_dim
+    seed = 4096
+    print(f"seed {seed}")
+    rng = np.random.default_rng(seed)
+    scale = np.arange(1, hidden + 1, dtype=np.float64)
+    vs = {l: (rng.standard_normal((rows, hidden)) * scale ** -(0.2 + 0.3 * l)).astype(np.float32)
+          for l in range(layers)}
+    per = rows // world
+    # The stream's watchdog runs through the group's host computation too.
+    ds = [Daemon(tmp_path, shard_group_timeout_seconds=60, stream_idle_timeout_seconds=300)
+          for _ in range(world)]
+    try:
+        results, threads = {}, []
+        for rank in range(world):
+            tensors, shard_rows, msgs = [], [], []
+            for l in range(layers):
+                tensors.append(rvd_pb2.TensorSpec(
+                    name=f"layers.{l}.v_proj", layer=l, dtype=rvd_pb2.DTYPE_F32,
+                    shape=[per, hidden], layout=rvd_pb2.V_LAYOUT_SEPARATE,
+                    geometry=rvd_pb2.HeadGeometry(num_heads=kv, num_kv_heads=kv,
+                                                  head_dim=head_dim)))
+                shard_rows.append(rvd_pb2.ShardRows(layer=l, first_row=rank * per,
+                                                    total_rows=rows))
+            header = rvd_pb2.MeasureHeader(
+                model_id="sharded-big", step=1, per_head=True, tensors=tensors,
+                shard_group=rvd_pb2.ShardGroup(
+                    group_id="g-big", world_size=world, rank=rank,
+                    coordinator=ds[0].grpc_address, peers=[d.grpc_address for d in ds],
+                    shards=shard_rows))
+            msgs.append(rvd_pb2.MeasureChunk(header=header))
+            for l in range(layers):
+                blob = np.ascontiguousarray(vs[l][rank * per:(rank + 1) * per]).tobytes()
+                assert len(blob) > 16 << 20
+                step = 4 << 20  # MeasureStream's own messages under the limit too
+                msgs += [rvd_pb2.MeasureChunk(tensor_index=l, offset=o, data=blob[o:o + step])
+                         for o in range(0, len(blob), step)]
+            t = threading.Thread(target=send, args=(ds[rank], msgs, results, rank, 300))
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+        pr = {}
+        for l in range(layers):
+            pr[l] = pr_oracle(vs[l])
+        for rank in range(world):
+            m = results[rank]
+            assert not isinstance(m, grpc.RpcError), (rank, m.details())
+            assert [x.layer for x in m.layers] == list(range(layers))
+            for x in m.layers:
+                assert abs(x.pr - pr[x.layer]) <= RTOL * pr[x.layer], (x.layer, x.pr, pr[x.layer])
+                assert len(x.head_pr) == kv
+                for h in (0, kv // 2 - 1, kv // 2, kv - 1):  # heads on either side of the cut
+                    want = pr_oracle(vs[x.layer][h * head_dim:(h + 1) * head_dim])
+                    assert abs(x.head_pr[h] - want) <= RTOL * want, (x.layer, h, x.head_pr[h])
+            rv = pr[layers - 1] / pr[0]
+            assert m.HasField("rv") and abs(m.rv - rv) <= RTOL * rv, (m.rv, rv)
+    finally:
+        for d in ds:
+            d.stop()
