@@ -202,8 +202,6 @@ def test_a_rank_restarting_mid_step(tmp_path):
             d.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="open: the group completes, but layer 1's PR is 43.29 "
-                   "against the oracle's 42.28 (layer 0 within 2e-6); not yet diagnosed")
 def test_rows_over_one_message_are_sent_in_chunks(tmp_path):
     """Each rank's rows (2 layers of 2048 x 2100 f32: 16.4 MiB a layer)
     exceed the 16 MiB gRPC message limit of ExchangeShard, so the
