@@ -197,14 +197,16 @@ def test_sigterm_exits_at_the_grace_deadline_during_a_long_computation(tmp_path)
 
 
 def test_sigterm_cancels_a_long_computation_inside_the_engine(tmp_path):
-    # algebraic on one 8192x12288 layer on one CPU thread: about 13 s on
-    # this VM's AVX-512 engine (a 6144x8192 layer took 4.9 s and finished
-    # inside the grace), far past the 5 s grace; the engine looks at the request's
+    # algebraic on one 8192x8192 layer on one CPU thread: about 9 s on this
+    # VM's AVX-512 engine (a 6144x8192 layer took 4.9 s and finished inside
+    # the grace), past the 5 s grace; its tiles are as long as the 6144x8192
+    # layer's (8192 columns), so that under ASan a tile still ends inside the
+    # grace (12288 columns did not); the engine looks at the request's
     # cancellation flag before each tile, so at the grace deadline the call
     # stops within a tile and rvd exits on its own (no forced exit).
     d = Daemon(tmp_path, engine_threads=1, compute_workers=1)
     rng = np.random.default_rng(4)
-    a = [rng.standard_normal((8192, 12288), dtype=np.float32)]
+    a = [rng.standard_normal((8192, 8192), dtype=np.float32)]
     header = request("slow", a, name="algebraic").header
     chunks = [rvd_pb2.MeasureChunk(header=header)]
     blob = a[0].tobytes()
