@@ -18,6 +18,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/call_contract.h"
+#include "kernels/cuda/abi_status.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_context.h"
 #include "kernels/cuda/driver_api.h"
@@ -643,24 +644,17 @@ absl::Status Live::FinishSnapshot(rvd_snapshot* slot, absl::Span<double> delta_s
 
 namespace {
 
-int32_t SetStatus(const absl::Status& s, rvd_status* out) {
-  if (out == nullptr) return static_cast<int32_t>(s.code());
-  out->code = static_cast<int32_t>(s.code());
-  const absl::string_view msg = s.message();
-  const size_t n = std::min(msg.size(), sizeof(out->message) - 1);
-  std::memcpy(out->message, msg.data(), n);
-  out->message[n] = '\0';
-  return out->code;
-}
+using ::rvd::cuda_internal::SetAbiStatus;
+
 
 rvd_ipc_segment* IpcOpen(rvd_cuda_engine* engine, const rvd_ipc_segment_desc* desc, void** base,
                          uint64_t* bytes, rvd_status* status) {
   if (desc == nullptr) {
-    SetStatus(absl::InvalidArgumentError("ipc_open: no descriptor"), status);
+    SetAbiStatus(absl::InvalidArgumentError("ipc_open: no descriptor"), status);
     return nullptr;
   }
   absl::StatusOr<Live::Mapping> m = LiveOf(engine)->OpenSegment(*desc);
-  SetStatus(m.status(), status);
+  SetAbiStatus(m.status(), status);
   if (!m.ok()) return nullptr;
   if (base != nullptr) *base = m->base;
   if (bytes != nullptr) *bytes = m->bytes;
@@ -678,18 +672,18 @@ int32_t DeviceUuid(rvd_cuda_engine* engine, char out[64], rvd_status* status) {
     std::memcpy(out, uuid->data(), n);
     out[n] = '\0';
   }
-  return SetStatus(uuid.status(), status);
+  return SetAbiStatus(uuid.status(), status);
 }
 
 void* IpcOpenEvent(rvd_cuda_engine* engine, const uint8_t handle[64], rvd_status* status) {
   absl::StatusOr<cudaEvent_t> e = LiveOf(engine)->OpenEvent(handle);
-  SetStatus(e.status(), status);
+  SetAbiStatus(e.status(), status);
   return e.ok() ? static_cast<void*>(*e) : nullptr;
 }
 
 void* IpcCreateEvent(rvd_cuda_engine* engine, uint8_t handle_out[64], rvd_status* status) {
   absl::StatusOr<cudaEvent_t> e = LiveOf(engine)->CreateEvent(handle_out);
-  SetStatus(e.status(), status);
+  SetAbiStatus(e.status(), status);
   return e.ok() ? static_cast<void*>(*e) : nullptr;
 }
 
@@ -699,7 +693,7 @@ void EventDestroy(rvd_cuda_engine* engine, void* event) {
 
 void* AllocDevice(rvd_cuda_engine* engine, uint64_t bytes, rvd_status* status) {
   absl::StatusOr<void*> p = LiveOf(engine)->AllocDevice(bytes);
-  SetStatus(p.status(), status);
+  SetAbiStatus(p.status(), status);
   return p.ok() ? *p : nullptr;
 }
 
@@ -708,13 +702,13 @@ void FreeDevice(rvd_cuda_engine* engine, void* p) { LiveOf(engine)->FreeDevice(p
 rvd_snapshot* SnapshotStart(rvd_cuda_engine* engine, const rvd_snapshot_item* items, size_t n,
                             void* wait, void* done, rvd_status* status) {
   if (items == nullptr && n > 0) {
-    SetStatus(absl::InvalidArgumentError("snapshot_start: no items"), status);
+    SetAbiStatus(absl::InvalidArgumentError("snapshot_start: no items"), status);
     return nullptr;
   }
   absl::StatusOr<rvd_snapshot*> s =
       LiveOf(engine)->StartSnapshot(absl::MakeConstSpan(items, n), static_cast<cudaEvent_t>(wait),
                                     static_cast<cudaEvent_t>(done));
-  SetStatus(s.status(), status);
+  SetAbiStatus(s.status(), status);
   return s.ok() ? *s : nullptr;
 }
 
@@ -723,7 +717,7 @@ int32_t SnapshotFinish(rvd_cuda_engine* engine, rvd_snapshot* snapshot, double* 
   const size_t n = snapshot != nullptr ? snapshot->items : 0;
   const auto* cancel =
       call != nullptr ? static_cast<const std::atomic<bool>*>(call->cancel) : nullptr;
-  return SetStatus(
+  return SetAbiStatus(
       LiveOf(engine)->FinishSnapshot(snapshot,
                                      absl::MakeSpan(delta_sq, delta_sq != nullptr ? n : 0),
                                      absl::MakeSpan(last_sq, last_sq != nullptr ? n : 0), cancel),

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/cuda/abi_status.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_engine.h"
 #include "kernels/cuda/live.h"
@@ -38,14 +39,8 @@ int rvd::cuda::TuneDeviceOf(rvd_cuda_engine* engine) { return engine->engine->de
 
 namespace {
 
-void SetStatus(const absl::Status& s, rvd_status* out) {
-  if (out == nullptr) return;
-  out->code = static_cast<int32_t>(s.code());
-  const std::string msg(s.message());
-  const size_t n = std::min(msg.size(), sizeof(out->message) - 1);
-  std::memcpy(out->message, msg.data(), n);
-  out->message[n] = '\0';
-}
+using ::rvd::cuda_internal::SetAbiStatus;
+
 
 rvd_cuda_engine* Create(const rvd_cuda_options* o, rvd_status* status) {
   rvd::CudaEngineOptions options;
@@ -56,10 +51,10 @@ rvd_cuda_engine* Create(const rvd_cuda_options* o, rvd_status* status) {
   absl::StatusOr<std::unique_ptr<rvd::cuda::CudaEngine>> e =
       rvd::cuda::CudaEngine::Create(options);
   if (!e.ok()) {
-    SetStatus(e.status(), status);
+    SetAbiStatus(e.status(), status);
     return nullptr;
   }
-  SetStatus(absl::OkStatus(), status);
+  SetAbiStatus(absl::OkStatus(), status);
   auto* h = new rvd_cuda_engine;
   h->engine = std::move(*e);
   h->version = h->engine->Version();
@@ -82,7 +77,7 @@ int32_t Compute(rvd_cuda_engine* h, const rvd_matrix* batch, size_t n,
     if (m.dtype < RVD_DTYPE_F32 || m.dtype > RVD_DTYPE_BF16 ||
         (m.memory != RVD_MEMORY_HOST && m.memory != RVD_MEMORY_DEVICE) ||
         (i > 0 && (m.memory == RVD_MEMORY_DEVICE) != device)) {
-      SetStatus(absl::InvalidArgumentError(absl::StrCat(
+      SetAbiStatus(absl::InvalidArgumentError(absl::StrCat(
                     "batch[", i, "]: bad dtype or memory kind (one kind per call)")),
                 status);
       return status->code;
@@ -106,7 +101,7 @@ int32_t Compute(rvd_cuda_engine* h, const rvd_matrix* batch, size_t n,
   const absl::Status s =
       device ? h->engine->ComputePRDevice(views, spec, results, ready, options)
              : h->engine->ComputePR(views, spec, results, options);
-  SetStatus(s, status);
+  SetAbiStatus(s, status);
   return status->code;
 }
 
@@ -145,7 +140,7 @@ int32_t GramEigenvalues(rvd_cuda_engine* h, const rvd_matrix* m, double* out,
                         const rvd_call* call, rvd_status* status) {
   if (m == nullptr || out == nullptr || m->dtype < RVD_DTYPE_F32 || m->dtype > RVD_DTYPE_BF16 ||
       (m->memory != RVD_MEMORY_HOST && m->memory != RVD_MEMORY_DEVICE)) {
-    SetStatus(absl::InvalidArgumentError("gram_eigenvalues: no matrix or output, or a bad dtype "
+    SetAbiStatus(absl::InvalidArgumentError("gram_eigenvalues: no matrix or output, or a bad dtype "
                                          "or memory kind"),
               status);
     return status->code;
@@ -155,7 +150,7 @@ int32_t GramEigenvalues(rvd_cuda_engine* h, const rvd_matrix* m, double* out,
   rvd::CallOptions options;
   if (call != nullptr) options.cancel = static_cast<const std::atomic<bool>*>(call->cancel);
   const int64_t n = std::max<int64_t>(0, std::min(m->rows, m->cols));
-  SetStatus(h->engine->GramEigenvaluesOn(v, m->memory == RVD_MEMORY_DEVICE,
+  SetAbiStatus(h->engine->GramEigenvaluesOn(v, m->memory == RVD_MEMORY_DEVICE,
                                          call != nullptr ? call->ready : nullptr,
                                          absl::Span<double>(out, static_cast<size_t>(n)), options),
             status);

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "kernels/cuda/abi_status.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/descriptors.h"
 #include "kernels/cuda/driver_api.h"
@@ -33,20 +34,14 @@ struct rvd_tune_module {
 namespace rvd::cuda {
 namespace {
 
+using ::rvd::cuda_internal::SetAbiStatus;
+
 // The candidate's entry and the job record it reads (self_improve/
 // candidate_abi.h's TuneJob, six int32s; the module does not depend on
 // self_improve, so the layout is restated and checked by size).
 constexpr char kEntry[] = "rvd_tune_candidate";
 constexpr size_t kTuneJobBytes = 6 * sizeof(int32_t);
 
-void SetStatus(const absl::Status& s, rvd_status* out) {
-  if (out == nullptr) return;
-  out->code = static_cast<int32_t>(s.code());
-  const std::string msg(s.message());
-  const size_t n = std::min(msg.size(), sizeof(out->message) - 1);
-  std::memcpy(out->message, msg.data(), n);
-  out->message[n] = '\0';
-}
 
 struct Nvrtc {
   decltype(&nvrtcCreateProgram) create = nullptr;
@@ -335,7 +330,7 @@ absl::Status Run(rvd_tune_module* m, const rvd_matrix* batch, size_t n, const vo
 int32_t DeviceFn(rvd_cuda_engine* engine, rvd_tune_device* out, rvd_status* status) {
   absl::Status s = out == nullptr ? absl::InvalidArgumentError("no output")
                                   : Device(TuneDeviceOf(engine), out);
-  SetStatus(s, status);
+  SetAbiStatus(s, status);
   return status != nullptr ? status->code : static_cast<int32_t>(s.code());
 }
 
@@ -349,7 +344,7 @@ rvd_tune_module* CompileFn(rvd_cuda_engine* engine, const char* source, char** l
     *log = static_cast<char*>(std::malloc(text.size() + 1));
     if (*log != nullptr) std::memcpy(*log, text.c_str(), text.size() + 1);
   }
-  SetStatus(m.status(), status);
+  SetAbiStatus(m.status(), status);
   return m.ok() ? *m : nullptr;
 }
 
@@ -358,7 +353,7 @@ void FreeLogFn(char* log) { std::free(log); }
 int32_t RunFn(rvd_cuda_engine*, rvd_tune_module* module, const rvd_matrix* batch, size_t n,
               const void* jobs, size_t num_jobs, rvd_tune_run* io, rvd_status* status) {
   const absl::Status s = Run(module, batch, n, jobs, num_jobs, io);
-  SetStatus(s, status);
+  SetAbiStatus(s, status);
   return static_cast<int32_t>(s.code());
 }
 
