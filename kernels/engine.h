@@ -26,6 +26,7 @@
 namespace rvd {
 
 class LiveDevice;  // kernels/live_device.h
+class TuneDevice;  // kernels/tune_device.h
 
 enum class DType { kF32, kF16, kBF16 };
 
@@ -192,6 +193,12 @@ class Engine {
   // backend without a device (the CPU engine) or a module without it.
   // Owned by the engine; valid while it lives.
   virtual LiveDevice* Live() { return nullptr; }
+
+  // The device side of kernel tuning (kernels/tune_device.h): compiling a
+  // candidate and running it under rvd's harness. nullptr for a backend
+  // without a device or a module without the tuning table. Owned by the
+  // engine; valid while it lives.
+  virtual TuneDevice* Tune() { return nullptr; }
 };
 
 // The CPU engine on OpenBLAS. threads <= 0: one per core.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda_module.h"
 #include "kernels/live_device.h"
+#include "kernels/tune_device.h"
 
 // rvd_call::cancel crosses the boundary as the caller's std::atomic<bool>.
 static_assert(sizeof(std::atomic<bool>) == 1 && std::atomic<bool>::is_always_lock_free,
@@ -128,16 +129,115 @@ class ModuleLive final : public LiveDevice {
   rvd_cuda_engine* const engine_;
 };
 
+// rvd::TuneDevice over the module's rvd_cuda_tune table: a translation,
+// plus the one classification the module's codes leave to its caller,
+// whether a failed run is the candidate's (ABORTED) or the harness's.
+class ModuleTune final : public TuneDevice {
+ public:
+  ModuleTune(const rvd_cuda_module* module, rvd_cuda_engine* engine)
+      : module_(module), tune_(module->tune), engine_(engine) {}
+
+  absl::StatusOr<Info> Device() override {
+    rvd_tune_device d{};
+    rvd_status status{};
+    if (tune_->device(engine_, &d, &status) != 0) return FromModule(status);
+    d.arch[sizeof(d.arch) - 1] = '\0';
+    return Info{d.sm, d.arch, d.dram_bytes_per_s, d.fp32_flop_per_s, d.l2_bytes};
+  }
+
+  // The module's INVALID_ARGUMENT is the source's fault (it does not
+  // compile, or defines no entry): a result without module.
+  absl::StatusOr<Compiled> Compile(const std::string& source) override {
+    char* log = nullptr;
+    rvd_status status{};
+    rvd_tune_module* m = tune_->compile(engine_, source.c_str(), &log, &status);
+    Compiled out;
+    if (log != nullptr) out.log = log;
+    tune_->free_log(log);
+    if (m != nullptr) {
+      out.module = reinterpret_cast<Module*>(m);
+      return out;
+    }
+    if (status.code == static_cast<int32_t>(absl::StatusCode::kInvalidArgument)) {
+      absl::StrAppend(&out.log, out.log.empty() ? "" : "\n", status.message);
+      return out;
+    }
+    if (status.code == 0) {
+      return absl::InternalError("the CUDA module's tune compile returned nothing and no error");
+    }
+    return FromModule(status);
+  }
+
+  // The arguments are checked here first, so that the module's
+  // INVALID_ARGUMENT can only be the launch refused; a sticky error during
+  // the call (UNAVAILABLE) is the candidate's fault, one before it is not.
+  absl::StatusOr<RunResult> Run(Module* module, absl::Span<const MatrixView> batch,
+                                const void* jobs, size_t num_jobs, const RunSpec& spec) override {
+    if (module == nullptr || jobs == nullptr || num_jobs == 0) {
+      return absl::InvalidArgumentError("tune run: no module or no jobs");
+    }
+    std::vector<rvd_matrix> m(batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const MatrixView& v = batch[i];
+      if (v.data == nullptr || v.block_rows != 0 || v.rows <= 0 || v.cols <= 0 || v.ld < v.cols) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tune run: matrix ", i, " is not a non-empty strided host matrix"));
+      }
+      m[i] = ToModuleMatrix(v, RVD_MEMORY_HOST);
+    }
+    if (const char* lost = module_->lost(engine_); lost != nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("the device is lost: ", lost));
+    }
+    RunResult out;
+    out.g2.resize(num_jobs);
+    out.trace.resize(num_jobs);
+    out.maxabs.resize(num_jobs);
+    out.seconds.resize(spec.timed_launches);
+    rvd_tune_run io{};
+    io.threads = spec.threads;
+    io.smem_bytes = spec.smem_bytes;
+    io.grid = spec.grid;
+    io.timed_launches = spec.timed_launches;
+    io.poison64 = spec.poison64;
+    io.poison32 = spec.poison32;
+    io.g2 = out.g2.data();
+    io.trace = out.trace.data();
+    io.maxabs = out.maxabs.data();
+    io.seconds = out.seconds.data();
+    rvd_status status{};
+    tune_->run(engine_, reinterpret_cast<rvd_tune_module*>(module), m.data(), m.size(), jobs,
+               num_jobs, &io, &status);
+    const absl::Status s = FromModule(status);
+    if (absl::IsInvalidArgument(s) || absl::IsUnavailable(s)) {
+      return absl::AbortedError(absl::StrCat("the candidate failed at run time: ", s.message()));
+    }
+    if (!s.ok()) return s;
+    out.input_written = io.input_written != 0;
+    return out;
+  }
+
+  void Release(Module* module) override {
+    tune_->release(engine_, reinterpret_cast<rvd_tune_module*>(module));
+  }
+
+ private:
+  const rvd_cuda_module* const module_;
+  const rvd_cuda_tune* const tune_;
+  rvd_cuda_engine* const engine_;
+};
+
 // rvd::Engine over the module's C table (kernels/cuda_module.h).
 class ModuleEngine : public Engine {
  public:
   ModuleEngine(const rvd_cuda_module* module, rvd_cuda_engine* engine)
       : module_(module), engine_(engine), version_(module->version(engine)) {
     if (module->live != nullptr) live_ = std::make_unique<ModuleLive>(module->live, engine);
+    if (module->tune != nullptr) tune_ = std::make_unique<ModuleTune>(module, engine);
   }
   ~ModuleEngine() override { module_->destroy(engine_); }
 
   LiveDevice* Live() override { return live_.get(); }
+  TuneDevice* Tune() override { return tune_.get(); }
 
   std::string Backend() const override { return "cuda"; }
   std::string Version() const override { return version_; }
@@ -241,6 +341,7 @@ class ModuleEngine : public Engine {
   rvd_cuda_engine* const engine_;
   const std::string version_;
   std::unique_ptr<ModuleLive> live_;  // null: the module has no live table
+  std::unique_ptr<ModuleTune> tune_;  // null: the module has no tuning table
 };
 
 absl::StatusOr<std::unique_ptr<Engine>> LoadFromDirs(const CudaEngineOptions& options) {
