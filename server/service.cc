@@ -495,6 +495,9 @@ grpc::Status RvdService::MeasureStream(grpc::ServerContext* context,
       !s.ok()) {
     return Finish(s);
   }
+  // Received: the compute phase (and a group's wait on its peers) is
+  // bounded by the deadline and shard_group_timeout_seconds, not idle time.
+  watch.Stop();
   response->set_receive_ms(
       absl::ToDoubleMilliseconds(absl::Now() - receive_start));
   metrics_.AddIngestedBytes(*total);

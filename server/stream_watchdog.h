@@ -3,7 +3,10 @@
 // idle timeout. A synchronous gRPC read cannot time out by itself; one
 // thread here checks every registered stream a few times per timeout and
 // calls its cancel function (ServerContext::TryCancel, which ends the
-// pending read). Thread-safe.
+// pending read). Only the wait on the client counts: once a stream has
+// received all its bytes, Stop() takes it out of the watch, so the time rvd
+// spends on it afterwards (the compute queue, a group's peers, each bounded
+// by its own deadline) never cancels it. Thread-safe.
 #ifndef RVD_SERVER_STREAM_WATCHDOG_H_
 #define RVD_SERVER_STREAM_WATCHDOG_H_
 
@@ -26,6 +29,7 @@ class StreamWatchdog {
     std::function<void()> cancel;
     std::atomic<int64_t> last_ns;  // absl::GetCurrentTimeNanos() of the last data
     std::atomic<bool> fired{false};
+    std::atomic<bool> stopped{false};  // received everything: no longer watched
   };
 
  public:
@@ -47,6 +51,9 @@ class StreamWatchdog {
 
     // The stream received something: its idle time starts again.
     void Touch() { entry_->last_ns = absl::GetCurrentTimeNanos(); }
+    // The stream received all it will: from here rvd waits on itself, not
+    // on the client, which is not idling.
+    void Stop() { entry_->stopped = true; }
     // Whether the watchdog cancelled the stream for idling.
     bool timed_out() const { return entry_->fired; }
 
@@ -81,7 +88,7 @@ class StreamWatchdog {
       // Cancelling under the lock keeps the entry alive while it is used;
       // TryCancel only marks the call and wakes its reader.
       for (Entry& e : entries_) {
-        if (!e.fired && now - e.last_ns.load() > limit) {
+        if (!e.fired && !e.stopped && now - e.last_ns.load() > limit) {
           e.fired = true;
           e.cancel();
         }

@@ -167,6 +167,32 @@ def test_a_rank_that_never_reports_fails_the_step_naming_it(tmp_path):
             d.stop()
 
 
+def test_waiting_on_the_group_is_not_stream_idle_time(tmp_path):
+    """The stream idle watchdog (1 s here) watches the client while rvd
+    receives; rank 0's stream, received whole, then waits 2.5 s for rank 1
+    (the group timeout, 10 s, bounds that wait): it must not be cancelled."""
+    ds = [Daemon(tmp_path, shard_group_timeout_seconds=10, stream_idle_timeout_seconds=1)
+          for _ in range(2)]
+    try:
+        vs = model(17)
+        split = splits("fsdp", 2)
+        msgs = {r: rank_request("g-idle", 2, r, ds, vs, split[r], "sharded-idle", 1)
+                for r in range(2)}
+        results = {}
+        t = threading.Thread(target=send, args=(ds[0], msgs[0], results, 0))
+        t.start()
+        time.sleep(2.5)  # rank 0 waits on the group, well past the idle timeout
+        send(ds[1], msgs[1], results, 1)
+        t.join()
+        for rank in range(2):
+            r = results[rank]
+            assert not isinstance(r, grpc.RpcError), (rank, r.code(), r.details())
+            check_oracle(r, vs)
+    finally:
+        for d in ds:
+            d.stop()
+
+
 def test_a_rank_restarting_mid_step(tmp_path):
     ds = [Daemon(tmp_path, shard_group_timeout_seconds=20) for _ in range(2)]
     try:
@@ -215,9 +241,7 @@ def test_rows_over_one_message_are_sent_in_chunks(tmp_path):
     vs = {l: (rng.standard_normal((rows, hidden)) * scale ** -(0.2 + 0.3 * l)).astype(np.float32)
           for l in range(layers)}
     per = rows // world
-    # The stream's watchdog runs through the group's host computation too.
-    ds = [Daemon(tmp_path, shard_group_timeout_seconds=60, stream_idle_timeout_seconds=300)
-          for _ in range(world)]
+    ds = [Daemon(tmp_path, shard_group_timeout_seconds=60) for _ in range(world)]
     try:
         results, threads = {}, []
         for rank in range(world):
