@@ -5,6 +5,8 @@
 #include <string>
 #include <utility>
 
+#include "server/metric_family.h"
+
 namespace rvd {
 namespace {
 
@@ -12,33 +14,11 @@ using prometheus::ClientMetric;
 using prometheus::MetricFamily;
 using prometheus::MetricType;
 
-MetricFamily Family(const char* name, const char* help, MetricType type) {
-  MetricFamily f;
-  f.name = name;
-  f.help = help;
-  f.type = type;
-  return f;
-}
-
-ClientMetric Value(MetricType type, double v) {
-  ClientMetric m;
-  if (type == MetricType::Counter) {
-    m.counter.value = v;
-  } else {
-    m.gauge.value = v;
-  }
-  return m;
-}
-
 // One series per key of `counts` under label `label`.
 MetricFamily Labelled(const char* name, const char* help, const char* label,
                       const std::map<std::string, int64_t>& counts) {
-  MetricFamily f = Family(name, help, MetricType::Counter);
-  for (const auto& [key, n] : counts) {
-    ClientMetric m = Value(MetricType::Counter, static_cast<double>(n));
-    m.label.push_back(ClientMetric::Label{label, key});
-    f.metric.push_back(std::move(m));
-  }
+  MetricFamily f = NewFamily(name, help, MetricType::Counter);
+  for (const auto& [key, n] : counts) AddSample(f, {{label, key}}, static_cast<double>(n));
   return f;
 }
 
@@ -48,9 +28,7 @@ std::vector<MetricFamily> LiveMetrics::Collect() const {
   const LiveStats s = registry_->Stats();
   std::vector<MetricFamily> out;
   auto single = [&out](const char* name, const char* help, MetricType type, double v) {
-    MetricFamily f = Family(name, help, type);
-    f.metric.push_back(Value(type, v));
-    out.push_back(std::move(f));
+    out.push_back(SingleSample(name, help, type, v));
   };
   single("rvd_live_models", "Live models registered (RegisterLiveModel)", MetricType::Gauge,
          static_cast<double>(s.models));
@@ -61,7 +39,7 @@ std::vector<MetricFamily> LiveMetrics::Collect() const {
                          "outcome", s.notifications));
   single("rvd_live_snapshots_total", "Snapshots of live weights taken", MetricType::Counter,
          static_cast<double>(s.snapshots));
-  MetricFamily h = Family("rvd_live_snapshot_seconds",
+  MetricFamily h = NewFamily("rvd_live_snapshot_seconds",
                           "From a notification to its snapshot's copy finished",
                           MetricType::Histogram);
   ClientMetric hm;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "prometheus/client_metric.h"
 #include "prometheus/metric_type.h"
+#include "server/metric_family.h"
 #include "spdlog/spdlog.h"
 
 namespace rvd {
@@ -18,28 +19,6 @@ using prometheus::Counter;
 using prometheus::Histogram;
 using prometheus::MetricFamily;
 using prometheus::MetricType;
-
-MetricFamily NewFamily(const char* name, const char* help, MetricType type) {
-  MetricFamily f;
-  f.name = name;
-  f.help = help;
-  f.type = type;
-  return f;
-}
-
-// Appends one sample; `labels` in name order (as the registry writes them).
-void AddSample(MetricFamily& f,
-               std::initializer_list<std::pair<const char*, std::string>> labels,
-               double value) {
-  ClientMetric& m = f.metric.emplace_back();
-  for (const auto& [name, v] : labels) m.label.push_back({name, v});
-  std::sort(m.label.begin(), m.label.end());
-  if (f.type == MetricType::Counter) {
-    m.counter.value = value;
-  } else {
-    m.gauge.value = value;
-  }
-}
 
 // A family goes out only with samples: a scrape shows what exists.
 void Emit(MetricFamily f, std::vector<MetricFamily>* out) {

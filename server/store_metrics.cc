@@ -3,32 +3,9 @@
 #include <string>
 #include <utility>
 
+#include "server/metric_family.h"
+
 namespace rvd {
-namespace {
-
-prometheus::MetricFamily Family(const char* name, const char* help,
-                                prometheus::MetricType type) {
-  prometheus::MetricFamily f;
-  f.name = name;
-  f.help = help;
-  f.type = type;
-  return f;
-}
-
-prometheus::ClientMetric Value(prometheus::MetricType type, double v,
-                               std::vector<prometheus::ClientMetric::Label>
-                                   labels = {}) {
-  prometheus::ClientMetric m;
-  m.label = std::move(labels);
-  if (type == prometheus::MetricType::Counter) {
-    m.counter.value = v;
-  } else {
-    m.gauge.value = v;
-  }
-  return m;
-}
-
-}  // namespace
 
 std::vector<prometheus::MetricFamily> StoreMetrics::Collect() const {
   using prometheus::MetricType;
@@ -36,10 +13,7 @@ std::vector<prometheus::MetricFamily> StoreMetrics::Collect() const {
   const StoreOpenReport& r = store_->open_report();
   std::vector<prometheus::MetricFamily> out;
   auto add = [&](const char* name, const char* help, MetricType type,
-                 double v) {
-    out.push_back(Family(name, help, type));
-    out.back().metric.push_back(Value(type, v));
-  };
+                 double v) { out.push_back(SingleSample(name, help, type, v)); };
   add("rvd_store_rows", "Measurements in the durable store now.",
       MetricType::Gauge, static_cast<double>(s.rows));
   add("rvd_store_damaged",
@@ -52,17 +26,13 @@ std::vector<prometheus::MetricFamily> StoreMetrics::Collect() const {
   add("rvd_store_recovered_measurements",
       "Rows copied from the damaged store file found at start.",
       MetricType::Gauge, static_cast<double>(r.recovered));
-  out.push_back(Family("rvd_store_append_errors_total",
-                       "Measurements refused because the store could not "
-                       "commit them, by reason.",
-                       MetricType::Counter));
-  out.back().metric.push_back(
-      Value(MetricType::Counter, static_cast<double>(s.disk_full_errors),
-            {{"reason", "disk_full"}}));
-  out.back().metric.push_back(Value(
-      MetricType::Counter,
-      static_cast<double>(s.append_errors - s.disk_full_errors),
-      {{"reason", "io"}}));
+  out.push_back(NewFamily("rvd_store_append_errors_total",
+                          "Measurements refused because the store could not "
+                          "commit them, by reason.",
+                          MetricType::Counter));
+  AddSample(out.back(), {{"reason", "disk_full"}}, static_cast<double>(s.disk_full_errors));
+  AddSample(out.back(), {{"reason", "io"}},
+            static_cast<double>(s.append_errors - s.disk_full_errors));
   add("rvd_store_expired_total",
       "Measurements removed from the store by retention (count or age).",
       MetricType::Counter, static_cast<double>(s.expired_total));

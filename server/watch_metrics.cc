@@ -1,5 +1,7 @@
 #include "server/watch_metrics.h"
 
+#include "server/metric_family.h"
+
 namespace rvd {
 
 std::vector<prometheus::MetricFamily> WatchMetrics::Collect() const {
@@ -7,20 +9,7 @@ std::vector<prometheus::MetricFamily> WatchMetrics::Collect() const {
   const WatchStats s = watcher_->Stats();
   std::vector<prometheus::MetricFamily> out;
   auto add = [&out](const char* name, const char* help, MetricType type,
-                    double v) {
-    prometheus::MetricFamily f;
-    f.name = name;
-    f.help = help;
-    f.type = type;
-    prometheus::ClientMetric m;
-    if (type == MetricType::Counter) {
-      m.counter.value = v;
-    } else {
-      m.gauge.value = v;
-    }
-    f.metric.push_back(std::move(m));
-    out.push_back(std::move(f));
-  };
+                    double v) { out.push_back(SingleSample(name, help, type, v)); };
   add("rvd_checkpoint_watch_measured_total",
       "Checkpoints the watch section measured", MetricType::Counter,
       static_cast<double>(s.measured));
