@@ -232,9 +232,8 @@ TEST_F(DeviceToolsTest, KernelsReleaseTheirModulesOnce) {
   EXPECT_EQ(device_.releases(), 2);
 }
 
-// The loop itself over the device tools: from the naive start (the fake
-// runs any source with a fake-device line), an honest faster candidate is
-// accepted and a wrong one rejected.
+// The loop itself over the device tools: from the naive start, an honest
+// faster candidate is accepted and a wrong one rejected.
 TEST_F(DeviceToolsTest, ALoopOverTheDeviceToolsAcceptsAndRejects) {
   class Script final : public Generator {
    public:
@@ -252,27 +251,12 @@ TEST_F(DeviceToolsTest, ALoopOverTheDeviceToolsAcceptsAndRejects) {
     void OnRecord(const IterationRecord& r) override { records.push_back(r); }
     std::vector<IterationRecord> records;
   } observer;
-  // The naive start's source runs as an honest kernel of 1 ms.
-  class NaiveAsFake final : public Compiler {
-   public:
-    explicit NaiveAsFake(Compiler& inner) : inner_(inner) {}
-    absl::StatusOr<CompileResult> Compile(const TuneTarget& t, const std::string& source,
-                                          const CandidateLaunch& launch) override {
-      const bool fake = source.find("// fake-device:") != std::string::npos;
-      return inner_.Compile(t, fake ? source : FakeDeviceSource(1e-3, "", ""), launch);
-    }
-    absl::StatusOr<std::shared_ptr<const CompiledKernel>> Product(const TuneTarget& t) override {
-      return inner_.Product(t);
-    }
-
-   private:
-    Compiler& inner_;
-  } compiler(*tools_.compiler);
+  // The naive start's source runs as an honest kernel of 1 ms (the fake's rule).
   LoopConfig config;
   config.target = target_;
   config.secret_seed = 42;
   config.budget.max_iter = 5;
-  TuneLoop loop(config, compiler, *tools_.verifier, *tools_.benchmarker, script, observer);
+  TuneLoop loop(config, *tools_.compiler, *tools_.verifier, *tools_.benchmarker, script, observer);
   std::atomic<bool> cancelled{false};
   absl::StatusOr<LoopOutcome> out = loop.Run(cancelled);
   ASSERT_TRUE(out.ok()) << out.status();

@@ -2,7 +2,8 @@
 // the device tools (test code only). A "candidate" is a source with one line
 //   // fake-device: seconds=S [broken] [stale] [wrong] [writes_input]
 //   //              [nondet] [hides_nan] [fault]
-// and its run computes the per-job sums on the host with the float64
+// (any other source, e.g. the built-in generator's, runs as an honest
+// kernel of 1 ms) and its run computes the per-job sums on the host with the float64
 // reference (reference.h) into outputs first filled with the call's poison,
 // then misbehaves as its flags say:
 //   broken        does not compile (a log, no module)
@@ -61,10 +62,8 @@ class FakeTuneDevice final : public TuneDevice {
     Compiled c;
     auto m = std::make_unique<FakeModule>();
     m->id = next_id_++;
-    bool found = false;
     for (absl::string_view line : absl::StrSplit(source, '\n')) {
       if (!absl::ConsumePrefix(&line, "// fake-device:")) continue;
-      found = true;
       for (absl::string_view w : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
         if (absl::ConsumePrefix(&w, "seconds=") && !absl::SimpleAtod(w, &m->seconds)) {
           return absl::InternalError("bad fake seconds");
@@ -72,7 +71,7 @@ class FakeTuneDevice final : public TuneDevice {
         m->flags[std::string(w)] = true;
       }
     }
-    if (!found || m->Has("broken")) {
+    if (m->Has("broken")) {
       c.log = "candidate.cu(3): error: expected an expression";
       return c;
     }

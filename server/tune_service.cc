@@ -11,6 +11,8 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "google/protobuf/util/time_util.h"
+#include "kernels/tune_device.h"
+#include "self_improve/device_tools.h"
 
 namespace rvd {
 namespace {
@@ -35,6 +37,53 @@ class UnavailableBackend final : public tune::TuneBackend {
 
  private:
   const std::string why_;
+};
+
+// Jobs on the engine's one GPU (device 0), with the device tools over its
+// TuneDevice, which the engine owns and which outlives the job manager.
+class DeviceBackend final : public tune::TuneBackend {
+ public:
+  explicit DeviceBackend(TuneDevice& device) : device_(device) {}
+  absl::Status Available() const override { return absl::OkStatus(); }
+  int Devices() const override { return 1; }
+
+  // The exact architecture is the device's (a target naming another is
+  // refused); no shapes: the class's defaults, the shapes the issue's
+  // convergence proof names for square and triangle (480 x 128x4096 and
+  // 32 x 1024x4096), and like-sized ones for wide (rows not 16-byte
+  // aligned in any dtype: v3's class) and tall (v1's).
+  absl::Status Complete(int, tune::TuneTarget* target) const override {
+    absl::StatusOr<TuneDevice::Info> info = device_.Device();
+    if (!info.ok()) return info.status();
+    if (target->arch.empty()) target->arch = info->arch;
+    if (target->arch != info->arch) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "target arch ", target->arch, " is not this GPU's exact architecture ", info->arch));
+    }
+    if (target->shapes.empty()) {
+      const std::string& c = target->shape_class;
+      if (c == "square") target->shapes = {{32, 1024, 4096}};
+      if (c == "triangle") target->shapes = {{480, 128, 4096}};
+      if (c == "wide") target->shapes = {{32, 1024, 4098}};
+      if (c == "tall") target->shapes = {{480, 4096, 128}};
+    }
+    const bool tall = target->shape_class == "tall";
+    for (const tune::TuneShape& s : target->shapes) {
+      if ((s.rows > s.cols) != tall) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "shape ", s.count, " x ", s.rows, "x", s.cols, " is not of shape class ",
+            target->shape_class, tall ? " (rows > cols)" : " (rows <= cols)"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Tools> ToolsFor(int, const tune::TuneTarget&) override {
+    return tune::MakeDeviceTools(device_);
+  }
+
+ private:
+  TuneDevice& device_;
 };
 
 absl::StatusOr<DType> DTypeOf(rvd::v1::DType d) {
@@ -73,7 +122,10 @@ void SetTime(absl::Time t, google::protobuf::Timestamp* out) {
 
 }  // namespace
 
-std::unique_ptr<tune::TuneBackend> MakeTuneBackend(const Engine& engine) {
+std::unique_ptr<tune::TuneBackend> MakeTuneBackend(Engine& engine) {
+  if (TuneDevice* device = engine.Tune(); device != nullptr) {
+    return std::make_unique<DeviceBackend>(*device);
+  }
   if (engine.Backend() != "cuda") {
     return std::make_unique<UnavailableBackend>(absl::StrCat(
         "kernel tuning needs a GPU: this rvd computes on the ", engine.Backend(),
@@ -81,8 +133,8 @@ std::unique_ptr<tune::TuneBackend> MakeTuneBackend(const Engine& engine) {
         "a host with a GPU)"));
   }
   return std::make_unique<UnavailableBackend>(
-      "kernel tuning is not available in this build: the CUDA module does not provide the "
-      "tuning tools yet (NVRTC compile and load, verifier, benchmark; issue 17)");
+      "kernel tuning is not available with this CUDA module: its tuning table is NULL (it "
+      "cannot compile and run candidates; install the librvd_cuda.so built with this rvd)");
 }
 
 absl::StatusOr<tune::JobSpec> SpecFromProto(const rvd::v1::StartTuneJobRequest& r) {

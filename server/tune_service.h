@@ -1,10 +1,11 @@
 // The tuning jobs' RPCs (StartTuneJob, GetTuneJob, ListTuneJobs,
 // WatchTuneJob, CancelTuneJob): RvdService forwards them here, where the
 // job manager's statuses become grpc::Status and its JobInfo the API's
-// TuneJob. Also rvd's TuneBackend: on the CPU engine, or until the CUDA
-// module has the tuning tools (NVRTC compile, verifier, benchmark), it says
-// why jobs cannot run (FAILED_PRECONDITION), so that a start is refused
-// with that reason.
+// TuneJob. Also rvd's TuneBackend: over the engine's TuneDevice (the CUDA
+// module's tuning table) with the device tools (self_improve/
+// device_tools.h); on the CPU engine, or a module without the table, it
+// says why jobs cannot run (FAILED_PRECONDITION), so that a start is
+// refused with that reason.
 //
 // Thread-safe (gRPC's sync threads). WatchTuneJob holds its thread while
 // the stream is open, at most kMaxTuneWatches at once.
@@ -27,9 +28,12 @@ namespace rvd {
 
 inline constexpr int kMaxTuneWatches = 16;
 
-// rvd's TuneBackend for `engine`: jobs cannot run yet on any backend (the
-// reason names which part is missing); kept as the one place that decides.
-std::unique_ptr<tune::TuneBackend> MakeTuneBackend(const Engine& engine);
+// rvd's TuneBackend for `engine` (which must outlive it and its jobs):
+// when engine.Tune() is there, jobs on its one GPU (device 0: the exact
+// architecture and the shape class's default shapes filled in, the device
+// tools); else every start is FAILED_PRECONDITION with the reason. The one
+// place that decides.
+std::unique_ptr<tune::TuneBackend> MakeTuneBackend(Engine& engine);
 
 // Conversions between the API and the manager (tested alone).
 absl::StatusOr<tune::JobSpec> SpecFromProto(const rvd::v1::StartTuneJobRequest& r);

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "rvd/v1/rvd.grpc.pb.h"
 #include "self_improve/fake_tools.h"
+#include "self_improve/fake_tune_device.h"
 #include "server/fake_engine.h"
 #include "server/tune_metrics.h"
 
@@ -95,6 +96,98 @@ TEST(TuneServiceTest, OnTheCpuEngineAStartIsFailedPrecondition) {
   rvd::v1::ListTuneJobsResponse list;
   EXPECT_TRUE(h.ListTuneJobs(&context, nullptr, &list).ok());
   EXPECT_EQ(list.jobs_size(), 0);
+}
+
+// A CUDA-like engine whose TuneDevice is the host fake (or none: a module
+// without the tuning table).
+class TuneEngine final : public Engine {
+ public:
+  explicit TuneEngine(TuneDevice* device) : device_(device) {}
+  std::string Backend() const override { return "cuda"; }
+  std::string Version() const override { return "fake-cuda-1"; }
+  std::string DefaultVariant() const override { return "fused"; }
+  using Engine::ComputePR;
+  absl::Status ComputePR(absl::Span<const MatrixView>, const VariantSpec&, absl::Span<double>,
+                         const CallOptions&) override {
+    return absl::UnimplementedError("fake");
+  }
+  EngineStats Stats() const override { return {}; }
+  TuneDevice* Tune() override { return device_; }
+
+ private:
+  TuneDevice* const device_;
+};
+
+TEST(TuneServiceTest, WithoutATuningTableAStartIsFailedPrecondition) {
+  TuneEngine engine(nullptr);
+  std::unique_ptr<tune::TuneBackend> backend = MakeTuneBackend(engine);
+  EXPECT_EQ(backend->Available().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(backend->Available().message().find("tuning table is NULL"), std::string::npos)
+      << backend->Available();
+}
+
+TEST(TuneServiceTest, OverATuneDeviceTheBackendCompletesAndRunsJobs) {
+  tune::testing::FakeTuneDevice device;
+  TuneEngine engine(&device);
+  std::unique_ptr<tune::TuneBackend> backend = MakeTuneBackend(engine);
+  ASSERT_TRUE(backend->Available().ok()) << backend->Available();
+  EXPECT_EQ(backend->Devices(), 1);
+  const std::pair<const char*, tune::TuneShape> defaults[] = {
+      {"square", {32, 1024, 4096}},
+      {"triangle", {480, 128, 4096}},
+      {"wide", {32, 1024, 4098}},
+      {"tall", {480, 4096, 128}}};
+  for (const auto& [shape_class, shape] : defaults) {
+    tune::TuneTarget t;
+    t.shape_class = shape_class;
+    ASSERT_TRUE(backend->Complete(0, &t).ok()) << shape_class;
+    EXPECT_EQ(t.arch, "sm_90a");
+    ASSERT_EQ(t.shapes.size(), 1u);
+    EXPECT_EQ(t.shapes[0], shape) << shape_class;
+  }
+  tune::TuneTarget t;
+  t.shape_class = "triangle";
+  t.arch = "sm_80";
+  EXPECT_EQ(backend->Complete(0, &t).code(), absl::StatusCode::kFailedPrecondition);
+  t.arch = "";
+  t.shapes = {{4, 64, 32}};  // tall, not a triangle
+  EXPECT_EQ(backend->Complete(0, &t).code(), absl::StatusCode::kInvalidArgument);
+
+  // A short job from the naive start with the built-in generator: every
+  // candidate runs on the fake as an honest kernel of 1 ms, none faster.
+  tune::JobManagerOptions o;
+  o.backend = backend.get();
+  tune::JobManager jobs(std::move(o));
+  tune::JobSpec spec;
+  spec.target.shape_class = "triangle";
+  spec.target.dtype = DType::kF32;
+  spec.target.shapes = {{3, 32, 64}};
+  spec.budget.max_iter = 2;
+  spec.seed = 3;
+  absl::StatusOr<tune::JobInfo> info = jobs.Start(spec);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->spec.target.arch, "sm_90a");
+  while (!tune::IsTerminal(info->state)) {
+    info = jobs.WaitForChange(info->id, info->version, absl::Seconds(60));
+    ASSERT_TRUE(info.ok()) << info.status();
+  }
+  EXPECT_EQ(info->state, tune::JobState::kSucceeded) << info->message;
+  EXPECT_EQ(info->stop, "budget");
+  EXPECT_EQ(info->progress.iteration, 2);
+  EXPECT_EQ(info->progress.candidates.at("slower"), 2);
+  EXPECT_NEAR(info->progress.best_seconds, 1e-3, 1e-5);
+  EXPECT_EQ(device.live_modules(), 0) << "every compiled module released";
+
+  // Start "product": refused when the job runs, with the reason.
+  spec.start = "product";
+  info = jobs.Start(spec);
+  ASSERT_TRUE(info.ok()) << info.status();
+  while (!tune::IsTerminal(info->state)) {
+    info = jobs.WaitForChange(info->id, info->version, absl::Seconds(60));
+    ASSERT_TRUE(info.ok()) << info.status();
+  }
+  EXPECT_EQ(info->state, tune::JobState::kFailed);
+  EXPECT_NE(info->message.find("per-job contract"), std::string::npos) << info->message;
 }
 
 // Just the tuning methods of rvd.v1.Rvd, forwarded as RvdService does.
