@@ -23,6 +23,7 @@
 #include "server/durable_history.h"
 #include "server/engine_health.h"
 #include "server/history.h"
+#include "server/group_metrics.h"
 #include "server/live_metrics.h"
 #include "server/live_registry.h"
 #include "server/metrics.h"
@@ -93,6 +94,7 @@ class ServerImpl final : public Server {
         [this](rvd::v1::Measurement m) { return service_.RecordGroupMeasurement(std::move(m)); });
     service_.set_shard_groups(shard_groups_.get());
     live_metrics_ = std::make_shared<LiveMetrics>(live_.get());
+    group_metrics_ = std::make_shared<GroupMetrics>(&service_.group_stats());
     spdlog::info("live models: {}", engine_->Live() != nullptr
                                         ? "served (CUDA IPC on the engine's device)"
                                         : "not served (this backend reads no GPU memory)");
@@ -178,6 +180,7 @@ class ServerImpl final : public Server {
       if (store_metrics_ != nullptr) exposer_->RegisterCollectable(store_metrics_);
       if (watch_metrics_ != nullptr) exposer_->RegisterCollectable(watch_metrics_);
       exposer_->RegisterCollectable(live_metrics_);
+      exposer_->RegisterCollectable(group_metrics_);
       if (tune_metrics_ != nullptr) exposer_->RegisterCollectable(tune_metrics_);
     }
     grpc::EnableDefaultHealthCheckService(true);
@@ -307,6 +310,7 @@ class ServerImpl final : public Server {
   // Last: stopped and gone before the service, pool, history and engine it uses.
   std::unique_ptr<LiveRegistry> live_;
   std::shared_ptr<LiveMetrics> live_metrics_;  // reads live_
+  std::shared_ptr<GroupMetrics> group_metrics_;  // reads service_'s group stats
   // Sharded models' groups (issue 18); uses the engine and the service.
   std::unique_ptr<ShardGroups> shard_groups_;
   // Tuning jobs: the manager stops in Shutdown, after gRPC and the exposer.

@@ -119,8 +119,10 @@ absl::Status RvdService::Run(grpc::ServerContext* context,
     if (shard_groups_ == nullptr) {
       return absl::UnimplementedError("rvd serves no sharded model groups");
     }
+    const absl::Time start = absl::Now();
     absl::StatusOr<Measurement> m =
         shard_groups_->MeasureShard(header, data, Deadline(context));
+    group_stats_.Record(header.shard_group(), header.step(), m.status(), absl::Now() - start);
     if (!m.ok()) return m.status();
     m->set_receive_ms(response->receive_ms());
     *response = *std::move(m);

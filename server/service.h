@@ -18,6 +18,7 @@
 #include "server/checkpoint_reader.h"
 #include "server/cancel_watch.h"
 #include "server/compute_pool.h"
+#include "server/group_metrics.h"
 #include "server/history.h"
 #include "server/tune_service.h"
 #include "server/live_registry.h"
@@ -62,6 +63,8 @@ class RvdService final
   // Sharded models' groups (ExchangeShard, ReportPartial, and a header
   // with a shard_group; null: UNIMPLEMENTED); set before serving.
   void set_shard_groups(ShardGroups* groups) { shard_groups_ = groups; }
+  // What this rvd did as a rank of those groups (GroupMetrics reads it).
+  const GroupStats& group_stats() const { return group_stats_; }
   // Stores a group's measurement, combined here as its coordinator, as
   // every other (history, /metrics); ShardGroups logs it.
   absl::StatusOr<MeasurementLog::Entry> RecordGroupMeasurement(rvd::v1::Measurement m);
@@ -212,6 +215,7 @@ class RvdService final
   LiveRegistry* live_ = nullptr;       // see set_live
   TuneHandlers* tuning_ = nullptr;     // see set_tuning
   ShardGroups* shard_groups_ = nullptr;  // see set_shard_groups
+  GroupStats group_stats_;               // every MeasureShard's outcome
 };
 
 }  // namespace rvd
