@@ -164,6 +164,16 @@ absl::StatusOr<std::vector<LayerPartial>> RankPartials(
     LayerPartial p;
     *p.mutable_rows() = mine.rows();
     p.set_num_rows(mine.num_rows());
+    // What the cross blocks use of each peer, for the coordinator to check
+    // against what that peer holds.
+    for (int q : PeersOfRank(rank, world)) {
+      rvd::v1::PeerRows* used = p.add_peer_rows();
+      used->set_rank(static_cast<uint32_t>(q));
+      if (const ShardData* s = slot[static_cast<size_t>(q)]; s != nullptr) {
+        used->set_first_row(s->rows().first_row());
+        used->set_num_rows(s->num_rows());
+      }
+    }
     const int64_t total = mine.rows().total_rows();
     absl::StatusOr<GramPartial> whole = ShardPartial(rank, world, views_in(0, total));
     if (!whole.ok()) return whole.status();
@@ -186,6 +196,13 @@ absl::StatusOr<Measurement> CombineReports(const std::map<int, ReportPartialRequ
   if (reports.empty()) return absl::InternalError("no reports to combine");
   const ReportPartialRequest& first = reports.begin()->second;
   const MeasureHeader& base = first.header();
+  const int world = static_cast<int>(first.world_size());
+  if (world < 1 || reports.size() != static_cast<size_t>(world) ||
+      reports.rbegin()->first >= world || reports.begin()->first < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        reports.size(), " reports (ranks ", reports.begin()->first, " .. ",
+        reports.rbegin()->first, ") for a group of ", first.world_size(), " ranks"));
+  }
   struct Piece {
     int rank;
     const LayerPartial* partial;
@@ -193,12 +210,13 @@ absl::StatusOr<Measurement> CombineReports(const std::map<int, ReportPartialRequ
   std::map<uint32_t, std::vector<Piece>> layers;
   for (const auto& [rank, r] : reports) {
     const MeasureHeader& h = r.header();
-    if (h.model_id() != base.model_id() || h.per_head() != base.per_head() ||
+    if (r.world_size() != first.world_size() || h.model_id() != base.model_id() ||
+        h.per_head() != base.per_head() ||
         Layers(h.early_layers()) != Layers(base.early_layers()) ||
         Layers(h.late_layers()) != Layers(base.late_layers())) {
       return absl::FailedPreconditionError(absl::StrCat(
           "rank ", rank, "'s header (model '", LogEscape(h.model_id(), 160),
-          "', per_head, early/late layers) differs from rank ", first.rank(), "'s"));
+          "', world size, per_head, early/late layers) differs from rank ", first.rank(), "'s"));
     }
     for (const LayerPartial& p : r.layers()) layers[p.rows().layer()].push_back({rank, &p});
   }
@@ -242,6 +260,30 @@ absl::StatusOr<Measurement> CombineReports(const std::map<int, ReportPartialRequ
     if (next != total) {
       return absl::FailedPreconditionError(absl::StrCat(
           "layer ", layer, ": the group's shards cover rows [0, ", next, ") of ", total));
+    }
+    // Every cross block must have used the rows its peer holds: a peer's
+    // rows that came short, shifted or not at all would sum to a wrong PR.
+    std::map<int, const LayerPartial*> holder;
+    for (const Piece& piece : pieces) holder[piece.rank] = piece.partial;
+    for (const Piece& piece : pieces) {
+      std::map<int, const rvd::v1::PeerRows*> used;
+      for (const rvd::v1::PeerRows& u : piece.partial->peer_rows()) {
+        used[static_cast<int>(u.rank())] = &u;
+      }
+      for (int q : PeersOfRank(piece.rank, world)) {
+        auto h = holder.find(q);
+        const int64_t want_first = h != holder.end() ? h->second->rows().first_row() : 0;
+        const int64_t want_rows = h != holder.end() ? h->second->num_rows() : 0;
+        auto u = used.find(q);
+        const int64_t got_first = u != used.end() ? u->second->first_row() : 0;
+        const int64_t got_rows = u != used.end() ? u->second->num_rows() : 0;
+        if (got_rows != want_rows || (want_rows > 0 && got_first != want_first)) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "layer ", layer, ": rank ", piece.rank, " computed its cross block with rank ", q,
+              " from rows [", got_first, ", ", got_first + got_rows, "), but rank ", q,
+              " holds [", want_first, ", ", want_first + want_rows, ")"));
+        }
+      }
     }
     rvd::v1::TensorSpec* spec = header.add_tensors();
     spec->set_layer(layer);

@@ -56,18 +56,21 @@ absl::Status ValidateShardHeader(const rvd::v1::MeasureHeader& header);
 // (`own`, from its header) and the shards received from its peers
 // (`peer_shards[r]`: rank r's, empty for ranks this one needs nothing
 // from). Every layer's shards must agree on cols, dtype, total_rows and
-// head_dim.
+// head_dim. Each partial names the rows of each peer its cross blocks used
+// (peer_rows), for CombineReports to check.
 absl::StatusOr<std::vector<rvd::v1::LayerPartial>> RankPartials(
     int rank, int world, absl::Span<const rvd::v1::ShardData> own,
     const std::map<int, std::vector<rvd::v1::ShardData>>& peer_shards);
 
 // The group's Measurement from every rank's report (`reports`, one per
-// rank): each layer's shards must tile [0, total_rows); the layer's PR and
-// its heads' from the summed partials; R_V by AssembleMeasurement over the
-// early/late layers the ranks' headers give (the same on every rank) or
-// the default quarters of the group's layers; a warning that says it is
-// the result of world ranks of the group. FAILED_PRECONDITION naming the
-// layer or the rank otherwise.
+// rank of the world): each layer's shards must tile [0, total_rows), and
+// every rank's cross blocks must have used the rows each peer reports
+// holding (rows short, shifted or missing would give a wrong PR); the
+// layer's PR and its heads' from the summed partials; R_V by
+// AssembleMeasurement over the early/late layers the ranks' headers give
+// (the same on every rank) or the default quarters of the group's layers;
+// a warning that says it is the result of world ranks of the group.
+// FAILED_PRECONDITION naming the layer or the rank otherwise.
 absl::StatusOr<rvd::v1::Measurement> CombineReports(
     const std::map<int, rvd::v1::ReportPartialRequest>& reports, const Engine& engine);
 
