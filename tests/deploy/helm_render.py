@@ -7,11 +7,16 @@ The subset (anything else is an error, never silently passed through):
   {{ define "name" }}...{{ end }} and {{ include "name" ARG }};
   {{ if P }}...{{ else if P }}...{{ else }}...{{ end }};
   {{ with P }}...{{ end }} (dot is P's value inside; skipped when empty);
+  {{ range $name := P }}...{{ end }} over a list (dot and $name are the
+         element inside; no other assignment, no else);
   pipelines: COMMAND | COMMAND ..., the value piped is the last argument;
-  terms: .  .a.b (from dot)  $ and $.a.b (from the root)  "string"  integers
-         true false  ( pipeline );
+  terms: .  .a.b (from dot)  $ and $.a.b (from the template's data: the
+         root, or the argument of the include running it)  $name and
+         $name.a.b (a range variable; not seen inside an include)  "string"
+         integers  true false  ( pipeline );
   functions: toYaml toJson indent nindent quote default trunc trimSuffix
          printf (%s %d only) contains eq ne not and or required fail int
+         until add dict
          .Files.Get "path" (a file of the chart, raw: not a template).
 Values behave as in Helm: a missing key is nil, and nil, false, 0, "",
 empty lists and maps are false. Printing nil is an error here (Helm prints
@@ -127,6 +132,14 @@ def _parse(parts, i=0, stop=("end",)):
             body, i, stopper = _parse(parts, i, ("end",))
             _closed(stopper, text)
             nodes.append(("with", rest, body))
+        elif word == "range":
+            m = re.fullmatch(r"\$([A-Za-z_]\w*)\s*:=\s*(.+)", rest, re.S)
+            if not m:
+                raise TemplateError(f"outside the supported subset: {{{{ {text} }}}} "
+                                    "(only range $name := LIST)")
+            body, i, stopper = _parse(parts, i, ("end",))
+            _closed(stopper, text)
+            nodes.append(("range", m.group(1), m.group(2), body))
         elif word == "define":
             name = json.loads(rest)
             body, i, stopper = _parse(parts, i, ("end",))
@@ -153,6 +166,7 @@ def to_yaml(v):
 class Chart:
     def __init__(self, chart_dir):
         self.dir = pathlib.Path(chart_dir)
+        self._vars = []  # the range variables in scope, innermost last: (name, value)
         self.meta = yaml.safe_load((self.dir / "Chart.yaml").read_text())
         self.defines = {}
         self.templates = {}
@@ -203,6 +217,16 @@ class Chart:
                 v = self._pipeline(n[1], dot, root)
                 if _truthy(v):
                     out.append(self._exec(n[2], v, root))
+            elif kind == "range":
+                seq = self._pipeline(n[2], dot, root)
+                if not isinstance(seq, list):
+                    raise TemplateError(f"range over {seq!r}: only a list is supported")
+                for x in seq:
+                    self._vars.append((n[1], x))
+                    try:
+                        out.append(self._exec(n[3], x, root))
+                    finally:
+                        self._vars.pop()
         return "".join(out)
 
     @staticmethod
@@ -254,7 +278,16 @@ class Chart:
             return dot
         if path == "$":
             return root
-        base = root if path.startswith("$") else dot
+        var = re.fullmatch(r"\$([A-Za-z_]\w*)((?:\.\w+)*)", path)
+        if var:
+            found = [v for name, v in reversed(self._vars) if name == var.group(1)]
+            if not found:
+                raise TemplateError(f"undefined variable ${var.group(1)}")
+            base, path = found[0], var.group(2) or "."
+            if path == ".":
+                return base
+        else:
+            base = root if path.startswith("$") else dot
         for part in path.lstrip("$").strip(".").split("."):
             if isinstance(base, dict):
                 base = base.get(part)
@@ -297,7 +330,13 @@ class Chart:
             n(2)
             if a[0] not in self.defines:
                 raise TemplateError(f"include of undefined template {a[0]!r}")
-            return self._exec(self.defines[a[0]], a[1], root)
+            # As in Go templates: the included template's $ is its argument,
+            # and the caller's variables are not in scope there.
+            saved, self._vars = self._vars, []
+            try:
+                return self._exec(self.defines[a[0]], a[1], a[1])
+            finally:
+                self._vars = saved
         if name == "toYaml":
             n(1)
             return to_yaml(a[0])
@@ -333,6 +372,19 @@ class Chart:
         if name == "int":
             n(1)
             return int(a[0])
+        if name == "until":  # Sprig: [0, n)
+            n(1)
+            return list(range(int(a[0])))
+        if name == "add":  # Sprig: the int64 sum
+            if not a:
+                raise TemplateError("add takes at least one argument")
+            return sum(int(x) for x in a)
+        if name == "dict":
+            if len(a) % 2:
+                raise TemplateError("dict takes key-value pairs")
+            if not all(isinstance(k, str) for k in a[::2]):
+                raise TemplateError("dict keys must be strings")
+            return dict(zip(a[::2], a[1::2]))
         if name == "eq":
             n(2)
             return a[0] == a[1]

@@ -58,6 +58,8 @@ CASES = {
                             checkpoints__hostPath="/mnt/checkpoints",
                             data__hostPath="/var/lib/rvd-node",
                             sysPtrace=True, env=[{"name": "X", "value": "1"}]),
+    "daemonset-per-gpu": values(mode="daemonset", daemonset__instancesPerNode=4,
+                                networkPolicy__enabled=True, data__hostPath="/var/lib/rvd-node"),
     "sidecar": values(mode="sidecar"),
     "sidecar-checkpoints": values(mode="sidecar", checkpoints__volumeName="ckpt",
                                   sidecar__gpuClaimName=""),
@@ -118,6 +120,62 @@ def test_toggles_turn_objects_off():
 def test_a_bad_mode_fails():
     with pytest.raises(TemplateError, match="mode must be sidecar or daemonset"):
         render(values(mode="sidcar"))
+
+
+def test_instances_per_node_must_be_one_or_more():
+    with pytest.raises(TemplateError, match="instancesPerNode must be 1 or more"):
+        render(values(daemonset__instancesPerNode=0))
+
+
+def test_daemonset_one_rvd_per_gpu():
+    """instancesPerNode 4: container rvd-i sees GPU i alone, listens on the
+    base ports + i (flags over the shared config), keeps its own data and
+    /tmp; the Service, the ServiceMonitor and the NetworkPolicy cover every
+    instance's ports."""
+    n, grpc0, metrics0 = 4, 50051, 9464
+    _, objs = render(CASES["daemonset-per-gpu"])
+    ds = next(o for o in objs if o["kind"] == "DaemonSet")
+    cs = ds["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in cs] == [f"rvd-{i}" for i in range(n)]
+    for i, c in enumerate(cs):
+        env = {e["name"]: e["value"] for e in c["env"]}
+        assert env["NVIDIA_VISIBLE_DEVICES"] == str(i)
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert ports == {f"grpc-{i}": grpc0 + i, f"metrics-{i}": metrics0 + i}
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert c[probe]["grpc"] == {"port": grpc0 + i}, (i, probe)
+        assert c["args"] == ["--config", "/etc/rvd/rvd.yaml",
+                             "--grpc-address", f"0.0.0.0:{grpc0 + i}",
+                             "--metrics-address", f"0.0.0.0:{metrics0 + i}"]
+        mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+        assert mounts["/var/lib/rvd"]["subPath"] == f"gpu-{i}"
+        assert mounts["/tmp"]["subPath"] == f"gpu-{i}"
+        assert "subPath" not in mounts["/dev/shm"]  # CUDA IPC needs the one /dev/shm
+    svc = next(o for o in objs if o["kind"] == "Service")
+    assert {(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]} == \
+        {(f"{k}-{i}", base + i, f"{k}-{i}") for i in range(n)
+         for k, base in (("grpc", grpc0), ("metrics", metrics0))}
+    sm = next(o for o in objs if o["kind"] == "ServiceMonitor")
+    assert [e["port"] for e in sm["spec"]["endpoints"]] == [f"metrics-{i}" for i in range(n)]
+    np_ = next(o for o in objs if o["kind"] == "NetworkPolicy")
+    ranges = [(r["ports"][0]["port"], r["ports"][0]["endPort"]) for r in np_["spec"]["ingress"]]
+    assert ranges == [(grpc0, grpc0 + n - 1), (metrics0, metrics0 + n - 1)]
+    # One instance (the default) keeps the plain names and no endPort.
+    _, objs = render(CASES["daemonset-all"])
+    (c,) = next(o for o in objs if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert c["name"] == "rvd" and c["args"] == ["--config", "/etc/rvd/rvd.yaml"]
+    np_ = next(o for o in objs if o["kind"] == "NetworkPolicy")
+    assert all("endPort" not in r["ports"][0] for r in np_["spec"]["ingress"])
+
+
+def test_the_per_gpu_flags_are_rvds_own(tmp_path):
+    """The flags a per-GPU container adds are config keys rvd takes on its
+    command line (rvd --help), as rvd_accepts passes them."""
+    from rvdtest import RVD
+    import subprocess
+    text = subprocess.run([str(RVD), "--help"], capture_output=True, text=True, check=True).stdout
+    for flag in ("--grpc-address", "--metrics-address"):
+        assert flag in text, flag
 
 
 def security_and_probes(c, sys_ptrace):
@@ -235,7 +293,28 @@ def test_renderer_refuses_what_it_does_not_know(tmp_path):
     (tmp_path / "templates").mkdir()
     (tmp_path / "Chart.yaml").write_text("name: x\nversion: 0.1.0\n")
     for bad in ("{{ range .Values.x }}{{ end }}", "{{ $x := 1 }}", "{{ .Values.a | b64enc }}",
-                "{{ .Values.missing }}", "{{ if .Values.a }}", "{{ 1000000 }}"):
+                "{{ .Values.missing }}", "{{ if .Values.a }}", "{{ 1000000 }}",
+                "{{ $i }}", "{{ range $i := 3 }}{{ end }}", "{{ range $i := until 2 }}{{ else }}{{ end }}",
+                '{{ define "d" }}{{ $i }}{{ end }}{{ range $i := until 2 }}{{ include "d" . }}{{ end }}',
+                '{{ dict "a" }}', "{{ dict 1 2 }}"):
         (tmp_path / "templates" / "t.yaml").write_text(bad)
         with pytest.raises(TemplateError):
             Chart(tmp_path).render({"a": 1})
+
+
+def test_renderer_range_and_include_as_helm(tmp_path):
+    """range $name := LIST binds dot and $name to each element; an included
+    template's $ is its argument (Go templates), so dict carries what it
+    needs."""
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "Chart.yaml").write_text("name: x\nversion: 0.1.0\n")
+    cases = {
+        "{{ range $i := until 3 }}{{ $i }}{{ add $i 10 }}{{ . }},{{ end }}": "0100,1111,2122,",
+        '{{ define "d" }}{{ $.x }}{{ .y.z }}{{ end }}{{ include "d" (dict "x" 5 "y" (dict "z" "w")) }}':
+            "5w",
+        "{{ range $i := .Values.l }}{{ $i.n }}{{ $.Values.a }}{{ end }}": "p1q1",
+        "{{ add 50051 3 -1 }}": "50053",
+    }
+    for text, want in cases.items():
+        (tmp_path / "templates" / "t.yaml").write_text(text)
+        assert Chart(tmp_path).render({"a": 1, "l": [{"n": "p"}, {"n": "q"}]})["t.yaml"] == want, text

@@ -32,20 +32,31 @@ app.kubernetes.io/component: {{ .Values.mode }}
 {{- if not (or (eq .Values.mode "sidecar") (eq .Values.mode "daemonset")) -}}
 {{ fail "mode must be sidecar or daemonset" }}
 {{- end -}}
+{{- if not (int .Values.daemonset.instancesPerNode) -}}
+{{ fail "daemonset.instancesPerNode must be 1 or more" }}
+{{- end -}}
 {{- end }}
 
-{{/* The rvd container, the same in both modes: the DaemonSet's container
-     and the init container of the sidecar snippet. */}}
+{{/* The rvd container, the same in both modes: the DaemonSet's containers
+     and the init container of the sidecar snippet. Its data is a dict:
+     Values, Chart, Release (the root's), instance (0 .. n-1) and multi
+     (n > 1: one rvd per GPU, daemonset.instancesPerNode). */}}
 {{- define "rvd.container" -}}
-name: rvd
+name: {{ if .multi }}{{ printf "rvd-%d" .instance }}{{ else }}rvd{{ end }}
 image: {{ printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) | quote }}
 imagePullPolicy: {{ .Values.image.pullPolicy }}
+{{- if .multi }}
+args: ["--config", "/etc/rvd/rvd.yaml",
+       "--grpc-address", {{ printf "0.0.0.0:%d" (add .Values.ports.grpc .instance) | quote }},
+       "--metrics-address", {{ printf "0.0.0.0:%d" (add .Values.ports.metrics .instance) | quote }}]
+{{- else }}
 args: ["--config", "/etc/rvd/rvd.yaml"]
+{{- end }}
 {{- if or .Values.env (and (eq .Values.mode "daemonset") .Values.daemonset.visibleDevices) }}
 env:
   {{- if and (eq .Values.mode "daemonset") .Values.daemonset.visibleDevices }}
   - name: NVIDIA_VISIBLE_DEVICES
-    value: {{ .Values.daemonset.visibleDevices | quote }}
+    value: {{ if .multi }}{{ printf "%d" .instance | quote }}{{ else }}{{ .Values.daemonset.visibleDevices | quote }}{{ end }}
   - name: NVIDIA_DRIVER_CAPABILITIES
     value: compute,utility
   {{- end }}
@@ -54,21 +65,21 @@ env:
   {{- end }}
 {{- end }}
 ports:
-  - name: grpc
-    containerPort: {{ .Values.ports.grpc }}
-  - name: metrics
-    containerPort: {{ .Values.ports.metrics }}
+  - name: {{ include "rvd.portName" (dict "name" "grpc" "multi" .multi "instance" .instance) }}
+    containerPort: {{ add .Values.ports.grpc .instance }}
+  - name: {{ include "rvd.portName" (dict "name" "metrics" "multi" .multi "instance" .instance) }}
+    containerPort: {{ add .Values.ports.metrics .instance }}
 startupProbe:
   grpc:
-    port: {{ .Values.ports.grpc }}
+    port: {{ add .Values.ports.grpc .instance }}
   {{- toYaml .Values.probes.startup | nindent 2 }}
 readinessProbe:
   grpc:
-    port: {{ .Values.ports.grpc }}
+    port: {{ add .Values.ports.grpc .instance }}
   {{- toYaml .Values.probes.readiness | nindent 2 }}
 livenessProbe:
   grpc:
-    port: {{ .Values.ports.grpc }}
+    port: {{ add .Values.ports.grpc .instance }}
   {{- toYaml .Values.probes.liveness | nindent 2 }}
 resources:
   {{- if and (eq .Values.mode "sidecar") .Values.sidecar.gpuClaimName }}
@@ -93,8 +104,14 @@ volumeMounts:
     readOnly: true
   - name: rvd-data
     mountPath: /var/lib/rvd
+    {{- if .multi }}
+    subPath: {{ printf "gpu-%d" .instance }}
+    {{- end }}
   - name: rvd-tmp
     mountPath: /tmp
+    {{- if .multi }}
+    subPath: {{ printf "gpu-%d" .instance }}
+    {{- end }}
   - name: dshm
     mountPath: /dev/shm
   {{- if or (and (eq .Values.mode "daemonset") .Values.checkpoints.hostPath) (and (eq .Values.mode "sidecar") .Values.checkpoints.volumeName) }}
@@ -102,6 +119,18 @@ volumeMounts:
     mountPath: {{ .Values.checkpoints.mountPath }}
     readOnly: true
   {{- end }}
+{{- end }}
+
+{{/* "true" when daemonset mode runs several rvd per node (one per GPU),
+     else "". */}}
+{{- define "rvd.multi" -}}
+{{ if and (eq .Values.mode "daemonset") (ne (int .Values.daemonset.instancesPerNode) 1) }}true{{ end }}
+{{- end }}
+
+{{/* A port's name: grpc and metrics, or grpc-i and metrics-i for instance i
+     of several (each at most 15 characters, as Kubernetes requires). */}}
+{{- define "rvd.portName" -}}
+{{ if .multi }}{{ printf "%s-%d" .name .instance }}{{ else }}{{ .name }}{{ end }}
 {{- end }}
 
 {{/* The volumes rvd's container mounts (dshm: shared with the trainer in
