@@ -9,6 +9,7 @@ matrices gathered from the ranks at that step (per layer, per head, R_V,
 group timeout, with on_error="warn": training goes on."""
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -88,7 +89,7 @@ def check(record, vs):
     return max(worst, abs(record.rv - rv) / rv)
 
 
-def rank_main(rank, world, port, kind, addresses, out, seed, stop_at):
+def rank_main(rank, world, port, kind, addresses, out, seed, stop_at, late=None, steps=STEPS):
     os.environ["RVD_ADDRESS"] = addresses[rank]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
                             rank=rank, world_size=world)
@@ -106,7 +107,7 @@ def rank_main(rank, world, port, kind, addresses, out, seed, stop_at):
     results = {"checked": 0, "worst": 0.0, "model_id": monitor.model_id,
                "skipped": [], "errors": [], "steps_done": 0}
     expected = {0: gathered(kind, world, m, mine)}  # step -> whole matrices
-    for step in range(1, STEPS + 1):
+    for step in range(1, steps + 1):
         with torch.no_grad():
             for l in mine:
                 w = m.model.layers[l].self_attn.v_proj.weight
@@ -114,6 +115,8 @@ def rank_main(rank, world, port, kind, addresses, out, seed, stop_at):
         expected[step] = gathered(kind, world, m, mine)
         if stop_at is not None and rank == world - 1 and step >= stop_at:
             continue  # this rank stops measuring (training goes on)
+        if late is not None and rank == world - 1 and step == late[0]:
+            time.sleep(late[1])  # this rank comes to the step after the group's timeout
         monitor.step()
         results["steps_done"] = step
         if monitor.last_error is not None and "first_error" not in results:
@@ -132,13 +135,14 @@ def rank_main(rank, world, port, kind, addresses, out, seed, stop_at):
     dist.destroy_process_group()
 
 
-def run_group(tmp_path, kind, world, seed, timeout_s=10, stop_at=None):
+def run_group(tmp_path, kind, world, seed, timeout_s=10, stop_at=None, late=None,
+              steps=STEPS):
     daemons = [start_daemon(tmp_path / f"rvd{r}", shard_group_timeout_seconds=timeout_s)
                for r in range(world)]
     try:
         addresses = [d.grpc_address for d in daemons]
         mp.spawn(rank_main, args=(world, free_port(), kind, addresses, str(tmp_path),
-                                  seed, stop_at), nprocs=world, join=True)
+                                  seed, stop_at, late, steps), nprocs=world, join=True)
         results = [json.loads((tmp_path / f"rank{r}.json").read_text())
                    for r in range(world)]
         logs = [d.log_text() for d in daemons]
@@ -176,3 +180,21 @@ def test_a_rank_that_stops_measuring_fails_the_step_and_training_goes_on(tmp_pat
         assert "missing rank(s) 2" in r["first_error"], r
         assert r["worst"] <= RTOL
     assert "missing rank(s) 2" in logs[0]
+
+
+def test_a_rank_late_for_one_step_then_every_rank_measures_again(tmp_path, seed):
+    """Rank 2 comes to step 2 after the group's 2 s timeout: step 2 fails by
+    DEADLINE_EXCEEDED on every rank, at different times (ranks 0 and 1 at
+    the timeout, rank 2 a timeout after it came). A pause in seconds then
+    ends at a different step on each rank, and the group did not measure
+    again (one rank paused while the others measured, by turns); paused in
+    steps, every rank skips the same steps and the group measures again
+    from step 2 * INTERVAL on."""
+    steps = 4 * INTERVAL
+    results, _, logs = run_group(tmp_path, "tp", 3, seed, timeout_s=2, late=(INTERVAL, 3),
+                                 steps=steps)
+    for rank, r in enumerate(results):
+        assert r["skipped"][0] == [INTERVAL, "interval", "DEADLINE_EXCEEDED"], (rank, r)
+        assert r["steps"] == [0] + list(range(2 * INTERVAL, steps + 1, INTERVAL)), (rank, r)
+        assert r["worst"] <= RTOL, (rank, r["worst"])
+    assert "timed out" in logs[0]

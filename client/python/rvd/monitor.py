@@ -33,7 +33,12 @@ When rvd fails: on_error="warn" (default) logs, records the step in
 (UNAVAILABLE) reconnects at once so the next due step tries a fresh
 connection, and a deadline that expired (rvd too slow or the host silent)
 also pauses measuring for a while (1 s, doubling to 5 min) so that a silent
-host costs one deadline per pause, not one per step. The delta trigger
+host costs one deadline per pause, not one per step. A rank of a group
+(process_group) pauses in steps instead: it measures only every 2nd, 4th,
+... (at most 64th) interval step, counted from step 0, so that ranks whose
+deadlines expired at different times still meet at the next multiple (a
+pause in seconds ends at a different step on each rank, and a rank that
+measures while another is paused fails the step again). The delta trigger
 needs a recorded measurement to compare with; until the first one, only
 interval steps measure. on_error="raise" raises rvd.RvdError instead.
 
@@ -110,6 +115,11 @@ _ids = itertools.count(1)
 # doubling per further expiry up to the maximum (seconds).
 _BACKOFF_START_S = 1.0
 _BACKOFF_MAX_S = 300.0
+# The same in a group, in interval steps: after an expired deadline a rank
+# measures only at the interval steps that are multiples of interval * this
+# (2, doubling, a power of two so that every rank's pause steps are
+# multiples of the shorter ones'); a success sets it back to 1.
+_GROUP_BACKOFF_MAX = 64
 
 
 # ipc: registering again after rvd could not be reached, at most this
@@ -289,6 +299,7 @@ class RVMonitor:
         self._failing = 0             # failures since the last success
         self._paused_until = 0.0      # after an expired deadline
         self._backoff = 0.0
+        self._group_every = 1         # group: measure every this many intervals
         self._pending_registration = False
         self._gauges = self._prometheus_gauges() if prometheus else None
         self._lock = threading.Lock()  # history and latest: the watch thread
@@ -389,7 +400,9 @@ class RVMonitor:
                 trigger = "delta"
         if trigger is None:
             return self.rv
-        if time.monotonic() < self._paused_until:
+        group_paused = self.group is not None and \
+            n % (self.measurement_interval * self._group_every) != 0
+        if time.monotonic() < self._paused_until or group_paused:
             self.skipped.append((n, trigger, "PAUSED"))
             return self.rv
         self._measure(trigger, delta)
@@ -507,6 +520,7 @@ class RVMonitor:
                      self.model_id, self._step, self._failing)
         self._failing = 0
         self._backoff = 0.0
+        self._group_every = 1
 
     def _record(self, record):
         """Appends a measurement to the history. With the ipc transport,
@@ -542,7 +556,10 @@ class RVMonitor:
         self._failing += 1
         if error.unreachable:
             self.client.reconnect()
-        if error.code_name == "DEADLINE_EXCEEDED":
+        if error.code_name == "DEADLINE_EXCEEDED" and self.group is not None:
+            # the same steps on every rank (see the module doc)
+            self._group_every = min(_GROUP_BACKOFF_MAX, 2 * self._group_every)
+        elif error.code_name == "DEADLINE_EXCEEDED":
             self._backoff = min(_BACKOFF_MAX_S, max(_BACKOFF_START_S, 2 * self._backoff))
             self._paused_until = time.monotonic() + self._backoff
         elif self.transport == "ipc" and error.code_name == "UNAVAILABLE":
