@@ -136,6 +136,7 @@ TEST_F(DeviceToolsTest, VerifyRunsFreshInputsOfEveryShapeTwiceWithDistinctPoison
     inputs.insert(r.inputs_hash);
   }
   EXPECT_EQ(inputs.size(), 20u) << "every input fresh";
+  EXPECT_FALSE(runs[0].regular_inputs) << "every input holds a special matrix";
   EXPECT_EQ(poison.size(), 40u) << "every run its own poison";
   // Another seed, other inputs; the same seed, the same ones.
   device_.ClearRuns();
@@ -170,6 +171,8 @@ TEST_F(DeviceToolsTest, CompareInterleavesCandidateAndBest) {
     EXPECT_EQ(runs[i].inputs_hash, runs[0].inputs_hash);
   }
   EXPECT_NE(runs[0].module, runs[1].module);
+  // Timed on regular matrices only: none all zero, none with NaN or Inf.
+  for (const FakeTuneDevice::RunRecord& r : runs) EXPECT_TRUE(r.regular_inputs);
   // A long measurement: longer blocks, said so.
   device_.ClearRuns();
   br.long_measurement = true;

@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/dtype_convert.h"
 #include "kernels/tune_device.h"
 #include "self_improve/candidate_abi.h"
 #include "self_improve/reference.h"
@@ -47,8 +48,9 @@ class FakeTuneDevice final : public TuneDevice {
   // One Run as the fake saw it.
   struct RunRecord {
     int module = 0;               // FakeModule::id
-    std::vector<MatrixView> batch;
+    std::vector<MatrixView> batch;  // shapes only: the data is the caller's, gone after the run
     uint64_t inputs_hash = 0;     // of the batch's bytes
+    bool regular_inputs = false;  // no matrix all zeros, none with NaN or Inf
     size_t num_jobs = 0;
     RunSpec spec;
   };
@@ -92,6 +94,7 @@ class FakeTuneDevice final : public TuneDevice {
       r.module = m->id;
       r.batch.assign(batch.begin(), batch.end());
       r.inputs_hash = Hash(batch);
+      r.regular_inputs = Regular(batch);
       r.num_jobs = num_jobs;
       r.spec = spec;
       runs_.push_back(r);
@@ -158,6 +161,27 @@ class FakeTuneDevice final : public TuneDevice {
     int runs = 0;
     bool Has(const char* flag) const { return flags.count(flag) > 0; }
   };
+
+  static float ElementOf(const MatrixView& v, int64_t i) {
+    switch (v.dtype) {
+      case DType::kF32: return static_cast<const float*>(v.data)[i];
+      case DType::kF16: return HalfToFloat(static_cast<const uint16_t*>(v.data)[i]);
+      case DType::kBF16: return BFloat16ToFloat(static_cast<const uint16_t*>(v.data)[i]);
+    }
+    return 0;
+  }
+  static bool Regular(absl::Span<const MatrixView> batch) {
+    for (const MatrixView& v : batch) {
+      bool nonzero = false;
+      for (int64_t i = 0; i < v.rows * v.ld; ++i) {
+        const float x = ElementOf(v, i);
+        if (!std::isfinite(x)) return false;
+        nonzero |= x != 0;
+      }
+      if (!nonzero) return false;
+    }
+    return true;
+  }
 
   static uint64_t Hash(absl::Span<const MatrixView> batch) {
     uint64_t h = 1469598103934665603ull;
