@@ -1,13 +1,16 @@
 #include "self_improve/device_tools.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -147,14 +150,34 @@ struct Input {
   std::vector<MatrixPlan> plans;
 };
 
-Input RealizeInput(const InputPlan& plan, DType dtype) {
+// Runs fn(0) .. fn(n - 1) on up to `threads` threads; each index is
+// independent work, so the result does not depend on the split.
+void ParallelFor(size_t n, int threads, const std::function<void(size_t)>& fn) {
+  const size_t t = std::min<size_t>(n, static_cast<size_t>(std::max(1, threads)));
+  if (t <= 1) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> pool;
+  for (size_t w = 0; w < t; ++w) {
+    pool.emplace_back([&] {
+      for (size_t i = next++; i < n; i = next++) fn(i);
+    });
+  }
+  for (std::thread& th : pool) th.join();
+}
+
+Input RealizeInput(const InputPlan& plan, DType dtype, int threads) {
   Input in;
   in.plans = plan.matrices;
-  in.bytes.reserve(plan.matrices.size());
-  for (const MatrixPlan& p : plan.matrices) {
-    in.bytes.push_back(RealizeMatrix(p, dtype));
+  in.bytes.resize(plan.matrices.size());
+  ParallelFor(plan.matrices.size(), threads,
+              [&](size_t m) { in.bytes[m] = RealizeMatrix(plan.matrices[m], dtype); });
+  for (size_t m = 0; m < plan.matrices.size(); ++m) {
+    const MatrixPlan& p = plan.matrices[m];
     MatrixView v;
-    v.data = in.bytes.back().data();
+    v.data = in.bytes[m].data();
     v.rows = p.rows;
     v.cols = p.cols;
     v.ld = p.cols;
@@ -182,12 +205,16 @@ Jobs JobsOf(const Input& in, const CandidateLaunch& launch) {
 
 // The float64 reference of every checked matrix: each job's sums, the
 // oracle's PR (NaN for a non-finite matrix), the trust rule.
-std::vector<MatrixReference> References(const Input& in, const Jobs& jobs) {
-  std::vector<MatrixReference> refs;
+std::vector<MatrixReference> References(const Input& in, const Jobs& jobs, int threads) {
+  std::vector<size_t> checked;
   for (size_t m = 0; m < in.views.size(); ++m) {
+    if (in.plans[m].checked) checked.push_back(m);
+  }
+  std::vector<MatrixReference> refs(checked.size());
+  ParallelFor(checked.size(), threads, [&](size_t c) {
+    const size_t m = checked[c];
     const MatrixPlan& p = in.plans[m];
-    if (!p.checked) continue;
-    MatrixReference ref;
+    MatrixReference& ref = refs[c];
     ref.matrix = static_cast<int>(m);
     ref.kind = p.kind;
     double mx = 0;
@@ -199,8 +226,7 @@ std::vector<MatrixReference> References(const Input& in, const Jobs& jobs) {
     ref.untrusted = mx > 0 && !TrustedMagnitude(mx, std::max(p.rows, p.cols));
     absl::StatusOr<double> pr = OraclePR(in.views[m]);
     ref.pr = pr.ok() ? *pr : std::numeric_limits<double>::quiet_NaN();
-    refs.push_back(std::move(ref));
-  }
+  });
   return refs;
 }
 
@@ -268,12 +294,17 @@ absl::Status AsHarnessError(const absl::Status& s) {
 
 // A timing input: the plan's matrices, special kinds made regular (never
 // time on zeros, NaN or extreme magnitudes).
-Input TimingInput(const TuneTarget& target, uint64_t seed) {
+Input TimingInput(const TuneTarget& target, uint64_t seed, int threads) {
   std::vector<InputPlan> plans = PlanInputs(target, seed, 1, 0);
   for (MatrixPlan& p : plans[0].matrices) {
     if (p.kind >= MatrixKind::kZeros) p.kind = MatrixKind::kGaussian;
   }
-  return RealizeInput(plans[0], target.dtype);
+  return RealizeInput(plans[0], target.dtype, threads);
+}
+
+int HostThreads(const DeviceToolsOptions& o) {
+  if (o.host_threads > 0) return o.host_threads;
+  return static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 2, 1u, 8u));
 }
 
 class DeviceCompiler final : public Compiler {
@@ -313,7 +344,7 @@ class DeviceCompiler final : public Compiler {
 
 class DeviceVerifier final : public Verifier {
  public:
-  explicit DeviceVerifier(TuneDevice& device) : device_(device) {}
+  DeviceVerifier(TuneDevice& device, int threads) : device_(device), threads_(threads) {}
 
   absl::StatusOr<CorrectnessEvidence> Verify(const TuneTarget& target,
                                              const CompiledKernel& compiled,
@@ -324,7 +355,7 @@ class DeviceVerifier final : public Verifier {
     CorrectnessEvidence e;
     const std::vector<InputPlan> plans = PlanInputs(target, request.seed, request.inputs);
     for (size_t i = 0; i < plans.size(); ++i) {
-      const Input in = RealizeInput(plans[i], target.dtype);
+      const Input in = RealizeInput(plans[i], target.dtype, threads_);
       const Jobs jobs = JobsOf(in, (*kernel)->launch());
       // Fewer blocks than jobs: each block must take its share of the jobs.
       TuneDevice::RunSpec spec;
@@ -347,7 +378,7 @@ class DeviceVerifier final : public Verifier {
         o.trace = std::move(r->trace);
         o.maxabs = std::move(r->maxabs);
         // The reference between the candidate's two runs, recomputed.
-        if (run == first_run) refs = References(in, jobs);
+        if (run == first_run) refs = References(in, jobs, threads_);
       }
       Evaluate(refs, outputs[0], outputs[1], first_run, second_run, !written, tolerance, &e);
     }
@@ -356,6 +387,7 @@ class DeviceVerifier final : public Verifier {
 
  private:
   TuneDevice& device_;
+  const int threads_;  // host threads realizing inputs and references
 };
 
 class DeviceBenchmarker final : public Benchmarker {
@@ -369,7 +401,7 @@ class DeviceBenchmarker final : public Benchmarker {
     if (!kernel.ok()) return kernel.status();
     absl::StatusOr<TuneDevice::Info> info = device_.Device();
     if (!info.ok()) return info.status();
-    const Input in = TimingInput(target, seed);
+    const Input in = TimingInput(target, seed, HostThreads(options_));
     const Jobs jobs = JobsOf(in, (*kernel)->launch());
     TuneDevice::RunSpec spec;
     spec.timed_launches = static_cast<uint32_t>(std::max(1, options_.profile_launches));
@@ -394,7 +426,7 @@ class DeviceBenchmarker final : public Benchmarker {
     if (!b.ok()) return b.status();
     absl::StatusOr<TuneDevice::Info> info = device_.Device();
     if (!info.ok()) return info.status();
-    const Input in = TimingInput(target, request.seed);
+    const Input in = TimingInput(target, request.seed, HostThreads(options_));
     const Jobs candidate_jobs = JobsOf(in, (*c)->launch());
     const Jobs best_jobs = JobsOf(in, (*b)->launch());
     TuneDevice::RunSpec spec;
@@ -468,7 +500,7 @@ double TargetFlops(const TuneTarget& target) {
 TuneBackend::Tools MakeDeviceTools(TuneDevice& device, DeviceToolsOptions options) {
   TuneBackend::Tools t;
   t.compiler = std::make_unique<DeviceCompiler>(device);
-  t.verifier = std::make_unique<DeviceVerifier>(device);
+  t.verifier = std::make_unique<DeviceVerifier>(device, HostThreads(options));
   t.benchmarker = std::make_unique<DeviceBenchmarker>(device, options);
   return t;
 }

@@ -148,6 +148,36 @@ TEST_F(DeviceToolsTest, VerifyRunsFreshInputsOfEveryShapeTwiceWithDistinctPoison
   EXPECT_EQ(inputs.count(device_.runs()[0].inputs_hash), 0u);
 }
 
+TEST_F(DeviceToolsTest, HostThreadsChangeNoInputAndNoEvidence) {
+  VerifyRequest vr;
+  vr.seed = 11;
+  vr.inputs = 6;
+  std::vector<uint64_t> hashes[2];
+  CorrectnessEvidence evidence[2];
+  for (int threads : {1, 4}) {
+    FakeTuneDevice device;
+    DeviceToolsOptions o;
+    o.host_threads = threads;
+    TuneBackend::Tools tools = MakeDeviceTools(device, o);
+    const CandidateLaunch launch{128, 0, 16, 16};
+    absl::StatusOr<CompileResult> c = tools.compiler->Compile(
+        target_, FakeDeviceSource(1e-3, "wrong", FormatLaunchAnnotation(launch)), launch);
+    ASSERT_TRUE(c.ok() && c->kernel != nullptr);
+    absl::StatusOr<CorrectnessEvidence> e = tools.verifier->Verify(target_, *c->kernel, vr);
+    ASSERT_TRUE(e.ok()) << e.status();
+    evidence[threads == 1 ? 0 : 1] = *e;
+    for (const FakeTuneDevice::RunRecord& r : device.runs()) {
+      hashes[threads == 1 ? 0 : 1].push_back(r.inputs_hash);
+    }
+  }
+  EXPECT_EQ(hashes[0], hashes[1]);
+  EXPECT_EQ(evidence[0].sum_mismatches, evidence[1].sum_mismatches);
+  EXPECT_GT(evidence[0].sum_mismatches, 0);
+  EXPECT_EQ(evidence[0].max_sum_rel_error, evidence[1].max_sum_rel_error);
+  EXPECT_EQ(evidence[0].max_pr_rel_error, evidence[1].max_pr_rel_error);
+  EXPECT_EQ(evidence[0].first_mismatches, evidence[1].first_mismatches);
+}
+
 TEST_F(DeviceToolsTest, CompareInterleavesCandidateAndBest) {
   auto candidate = Kernel(0.5e-3);
   auto best = Kernel(1e-3);
