@@ -10,6 +10,7 @@
 #include "prometheus/client_metric.h"
 #include "prometheus/metric_type.h"
 #include "server/log_text.h"
+#include "server/metric_family.h"
 #include "spdlog/spdlog.h"
 
 namespace rvd {
@@ -90,29 +91,6 @@ rvd::v1::AlertEvent NewEvent(const AlertRule& r, const std::string& model_id,
   e.mutable_labels()->insert(r.labels.begin(), r.labels.end());
   e.mutable_annotations()->insert(r.annotations.begin(), r.annotations.end());
   return e;
-}
-
-prometheus::MetricFamily Family(const char* name, const char* help,
-                                prometheus::MetricType type) {
-  prometheus::MetricFamily f;
-  f.name = name;
-  f.help = help;
-  f.type = type;
-  return f;
-}
-
-void Add(prometheus::MetricFamily& f, const std::string& alert,
-         const std::string& model_id, double value) {
-  prometheus::ClientMetric& m = f.metric.emplace_back();
-  if (!alert.empty()) {
-    m.label.push_back({"alert", alert});
-    m.label.push_back({"model_id", model_id});
-  }
-  if (f.type == prometheus::MetricType::Counter) {
-    m.counter.value = value;
-  } else {
-    m.gauge.value = value;
-  }
 }
 
 }  // namespace
@@ -503,25 +481,25 @@ std::vector<AlertEngine::PairState> AlertEngine::States() const {
 
 void AlertEngine::CollectMetrics(std::vector<prometheus::MetricFamily>* out) const {
   using prometheus::MetricType;
-  prometheus::MetricFamily active = Family(
+  prometheus::MetricFamily active = NewFamily(
       "rvd_alert_active",
       "1 while an alert rule fires for a model, else 0 (pending counts as 0).",
       MetricType::Gauge);
-  prometheus::MetricFamily fired = Family(
+  prometheus::MetricFamily fired = NewFamily(
       "rvd_alerts_fired_total",
       "Times an alert rule went to firing for a model (since the rule was "
       "loaded or last changed).",
       MetricType::Counter);
-  prometheus::MetricFamily rules = Family(
+  prometheus::MetricFamily rules = NewFamily(
       "rvd_alert_rules", "Alert rules loaded (rv_alert_threshold included).",
       MetricType::Gauge);
-  prometheus::MetricFamily dropped = Family(
+  prometheus::MetricFamily dropped = NewFamily(
       "rvd_alert_series_dropped_total",
       "rvd_alert_active and rvd_alerts_fired_total series not exported "
       "because the series budget (max_metric_series) was spent; those alerts "
       "are still evaluated, logged and streamed.",
       MetricType::Counter);
-  prometheus::MetricFamily failures = Family(
+  prometheus::MetricFamily failures = NewFamily(
       "rvd_alert_reload_failures_total",
       "SIGHUP reloads of the alert rules file that were refused (the old "
       "rules stay).",
@@ -531,14 +509,15 @@ void AlertEngine::CollectMetrics(std::vector<prometheus::MetricFamily>* out) con
     for (const RuleSlot& slot : rules_) {
       for (const auto& [model_id, p] : slot.pairs) {
         if (!p->exported) continue;
-        Add(active, slot.rule->name, model_id,
-            p->state == rvd::v1::ALERT_STATE_FIRING ? 1 : 0);
-        Add(fired, slot.rule->name, model_id, static_cast<double>(p->fired_total));
+        AddSample(active, {{"alert", slot.rule->name}, {"model_id", model_id}},
+                  p->state == rvd::v1::ALERT_STATE_FIRING ? 1 : 0);
+        AddSample(fired, {{"alert", slot.rule->name}, {"model_id", model_id}},
+                  static_cast<double>(p->fired_total));
       }
     }
-    Add(rules, "", "", static_cast<double>(rules_.size()));
-    Add(dropped, "", "", static_cast<double>(series_dropped_total_));
-    Add(failures, "", "", static_cast<double>(reload_failures_total_));
+    AddSample(rules, {}, static_cast<double>(rules_.size()));
+    AddSample(dropped, {}, static_cast<double>(series_dropped_total_));
+    AddSample(failures, {}, static_cast<double>(reload_failures_total_));
   }
   for (prometheus::MetricFamily* f : {&active, &fired, &rules, &dropped, &failures}) {
     if (!f->metric.empty()) out->push_back(std::move(*f));

@@ -1,6 +1,7 @@
 // The one way rvd's collectables build the MetricFamily values they hand
 // prometheus-cpp at scrape time (metrics.cc, live_metrics.cc,
-// store_metrics.cc, watch_metrics.cc, tune_metrics.cc, group_metrics.cc):
+// store_metrics.cc, watch_metrics.cc, tune_metrics.cc, group_metrics.cc,
+// alerts.cc):
 // a family, then its samples. Histograms are built where they are used.
 #ifndef RVD_SERVER_METRIC_FAMILY_H_
 #define RVD_SERVER_METRIC_FAMILY_H_

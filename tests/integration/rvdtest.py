@@ -8,11 +8,13 @@ the generated Python stubs live in $RVD_BUILD_DIR/python.
 import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import numpy as np
 
@@ -110,6 +112,28 @@ class Daemon:
 # ---- checkpoints -----------------------------------------------------------
 
 SAFETENSORS_DTYPE = {np.float32: "F32", np.float16: "F16", np.int64: "I64"}
+
+
+def scrape(daemon):
+    """The text of the daemon's /metrics."""
+    url = f"http://{daemon.metrics_address}/metrics"
+    return urllib.request.urlopen(url, timeout=5).read().decode()
+
+
+def metric(text, name, **labels):
+    """The value of the series `name` with exactly `labels` in the
+    exposition text `text`, or None."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        m = re.match(r"^([a-z_]+)(\{[^}]*\})?\s+(\S+)$", line)
+        if not m or m.group(1) != name:
+            continue
+        got = ",".join(sorted((m.group(2) or "{}")[1:-1].split(","))) if m.group(2) else ""
+        if got == want:
+            return float(m.group(3))
+    return None
 
 
 def write_safetensors(path, tensors):

@@ -8,13 +8,12 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.request
 
 import grpc
 import numpy as np
 import pytest
 
-from rvdtest import RVCTL, RVD, TIME_SCALE, Daemon, rvd_pb2
+from rvdtest import Daemon, RVCTL, RVD, TIME_SCALE, rvd_pb2, scrape
 
 RULES = """\
 rules:
@@ -57,11 +56,6 @@ def measure(d, model_id, late_rank, step):
         data=data))
     assert m.rv == pytest.approx(late_rank / 16, rel=1e-4)
     return m
-
-
-def scrape(d):
-    return urllib.request.urlopen(f"http://{d.metrics_address}/metrics",
-                                  timeout=5).read().decode()
 
 
 def sample(text, name, **labels):

@@ -7,12 +7,11 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.request
 
 import numpy as np
 import pytest
 
-from rvdtest import (RVCTL, RVD, Daemon, grpc, pr_oracle, rvd_pb2, spectrum_matrix,
+from rvdtest import (RVCTL, RVD, Daemon, grpc, pr_oracle, rvd_pb2, scrape, spectrum_matrix,
                       to_bf16, write_llama, write_safetensors)
 import reflection_pb2
 import reflection_pb2_grpc
@@ -323,11 +322,6 @@ def test_health_and_reflection(daemon):
 
 
 # ---- /metrics ----------------------------------------------------------------
-
-def scrape(daemon):
-    url = f"http://{daemon.metrics_address}/metrics"
-    return urllib.request.urlopen(url, timeout=5).read().decode()
-
 
 def test_metrics_expose_rv_and_pass_promtool(daemon, tmp_path):
     rng = np.random.default_rng(13)

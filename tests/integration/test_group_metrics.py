@@ -2,28 +2,11 @@
 step every rank's rvd exports its own rvd_group_* series under its group id
 and rank label, the coordinator alone the group's R_V; a step that a rank
 misses is counted as deadline_exceeded on the rank that came."""
-import re
-import urllib.request
 
 import grpc
 
-from rvdtest import Daemon, rvd_pb2
+from rvdtest import Daemon, metric, rvd_pb2, scrape
 from test_shard import check_oracle, measure_group, model, splits
-
-
-def scrape(d):
-    url = f"http://{d.metrics_address}/metrics"
-    return urllib.request.urlopen(url, timeout=5).read().decode()
-
-
-def sample(text, name, **labels):
-    """The value of the one series `name` with exactly `labels`, or None."""
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        m = re.fullmatch(rf"{name}\{{(.*)\}} (\S+)", line)
-        if m and ",".join(sorted(m.group(1).split(","))) == want:
-            return float(m.group(2))
-    return None
 
 
 def test_each_rank_exports_its_own_group_series(tmp_path):
@@ -41,23 +24,23 @@ def test_each_rank_exports_its_own_group_series(tmp_path):
 
         m0, m1 = scrape(ds[0]), scrape(ds[1])
         for text, rank in ((m0, 0), (m1, 1)):
-            assert sample(text, "rvd_group_steps_total", group_id="g-metrics", rank=rank,
+            assert metric(text, "rvd_group_steps_total", group_id="g-metrics", rank=rank,
                           outcome="ok") == 1, text
-            assert sample(text, "rvd_group_world_size", group_id="g-metrics", rank=rank) == 2
-            seconds = sample(text, "rvd_group_step_seconds", group_id="g-metrics", rank=rank)
+            assert metric(text, "rvd_group_world_size", group_id="g-metrics", rank=rank) == 2
+            seconds = metric(text, "rvd_group_step_seconds", group_id="g-metrics", rank=rank)
             assert seconds is not None and seconds > 0
-        assert sample(m0, "rvd_group_steps_total", group_id="g-metrics", rank=0,
+        assert metric(m0, "rvd_group_steps_total", group_id="g-metrics", rank=0,
                       outcome="deadline_exceeded") == 1, m0
-        assert sample(m0, "rvd_group_last_step", group_id="g-metrics", rank=0) == 8
-        assert sample(m1, "rvd_group_last_step", group_id="g-metrics", rank=1) == 7
-        assert sample(m0, "rvd_group_step_seconds", group_id="g-metrics", rank=0) >= 2
+        assert metric(m0, "rvd_group_last_step", group_id="g-metrics", rank=0) == 8
+        assert metric(m1, "rvd_group_last_step", group_id="g-metrics", rank=1) == 7
+        assert metric(m0, "rvd_group_step_seconds", group_id="g-metrics", rank=0) >= 2
         # No rank label on another rank's series: each rvd shows only itself.
-        assert sample(m0, "rvd_group_world_size", group_id="g-metrics", rank=1) is None
-        assert sample(m1, "rvd_group_world_size", group_id="g-metrics", rank=0) is None
+        assert metric(m0, "rvd_group_world_size", group_id="g-metrics", rank=1) is None
+        assert metric(m1, "rvd_group_world_size", group_id="g-metrics", rank=0) is None
         # The group's result: on the coordinator only.
-        rv = sample(m0, "rvd_rv", model_id="sharded-metrics")
+        rv = metric(m0, "rvd_rv", model_id="sharded-metrics")
         assert rv is not None and abs(rv - ok[0].rv) <= 1e-9 * abs(ok[0].rv), (rv, ok[0].rv)
-        assert sample(m1, "rvd_rv", model_id="sharded-metrics") is None
+        assert metric(m1, "rvd_rv", model_id="sharded-metrics") is None
     finally:
         for d in ds:
             d.stop()

@@ -5,17 +5,11 @@ keys reach the daemon, and /metrics carries the rvd_live_* families. The
 whole path with a GPU is cuda_live_daemon_test (label gpu); the registry's
 logic on the CPU is live_registry_test."""
 import os
-import urllib.request
 
 import grpc
 import pytest
 
-from rvdtest import Daemon, rvd_pb2
-
-
-def scrape(d):
-    url = f"http://{d.metrics_address}/metrics"
-    return urllib.request.urlopen(url, timeout=5).read().decode()
+from rvdtest import Daemon, rvd_pb2, scrape
 
 
 def request(model_id="live-cpu"):

@@ -12,12 +12,12 @@ import re
 import signal
 import threading
 import time
-import urllib.request
 
 import numpy as np
 import pytest
 
-from rvdtest import RVD, TIME_SCALE, Daemon, grpc, rvd_pb2, spectrum_matrix
+from rvdtest import (RVD, TIME_SCALE, Daemon, grpc, metric, rvd_pb2, scrape,
+                     spectrum_matrix)
 
 SEED = int(os.environ.get("RVD_TEST_SEED", random.randrange(1 << 30)))
 print(f"test_store: RVD_TEST_SEED={SEED}")
@@ -32,26 +32,6 @@ def request_for(model_id, step, rng, layers=4):
         for l, a in enumerate(arrays)]
     header = rvd_pb2.MeasureHeader(model_id=model_id, step=step, tensors=tensors)
     return rvd_pb2.MeasureRequest(header=header, data=[a.tobytes() for a in arrays])
-
-
-def scrape(d):
-    url = f"http://{d.metrics_address}/metrics"
-    return urllib.request.urlopen(url, timeout=5).read().decode()
-
-
-def metric(text, name, **labels):
-    """The value of one series, or None."""
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        m = re.match(r"^([a-z_]+)(\{[^}]*\})?\s+(\S+)$", line)
-        if not m or m.group(1) != name:
-            continue
-        got = ",".join(sorted((m.group(2) or "{}")[1:-1].split(","))) if m.group(2) else ""
-        if got == want:
-            return float(m.group(3))
-    return None
 
 
 def all_stored(d, model_id):

@@ -6,13 +6,12 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.request
 
 import grpc
 import numpy as np
 import pytest
 
-from rvdtest import RVCTL, TIME_SCALE, Daemon, rvd_pb2
+from rvdtest import RVCTL, TIME_SCALE, Daemon, rvd_pb2, scrape
 
 
 def request(model_id, step=0, seed=0):
@@ -29,10 +28,6 @@ def request(model_id, step=0, seed=0):
 
 def measure(d, model_id, step=0):
     return d.stub.Measure(request(model_id, step, seed=step))
-
-
-def scrape(d):
-    return urllib.request.urlopen(f"http://{d.metrics_address}/metrics", timeout=5).read().decode()
 
 
 def sample(text, name):
