@@ -1,4 +1,6 @@
 """pytest fixtures: the real rvd on loopback (see rvdtest.py)."""
+import pathlib
+
 import pytest
 
 from rvdtest import Daemon
@@ -10,3 +12,10 @@ def daemon(tmp_path_factory):
                rv_alert_threshold=0.5)
     yield d
     d.stop()
+
+
+def pytest_configure(config):
+    # pytest creates --basetemp without its parents (ctest passes
+    # BUILD/pytest-tmp/integration_NAME, as tests/deploy's conftest says).
+    if config.option.basetemp:
+        pathlib.Path(config.option.basetemp).resolve().parent.mkdir(parents=True, exist_ok=True)
