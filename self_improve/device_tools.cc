@@ -218,11 +218,11 @@ std::vector<MatrixReference> References(const Input& in, const Jobs& jobs, int t
     ref.matrix = static_cast<int>(m);
     ref.kind = p.kind;
     double mx = 0;
-    for (int j = jobs.first[m]; j < jobs.first[m + 1]; ++j) {
-      ref.jobs.push_back(j);
-      ref.sums.push_back(ReferenceJobSums(in.views[m], jobs.jobs[j]));
-      mx = std::max(mx, ref.sums.back().maxabs);
-    }
+    for (int j = jobs.first[m]; j < jobs.first[m + 1]; ++j) ref.jobs.push_back(j);
+    ref.sums = ReferenceMatrixSums(
+        in.views[m], absl::MakeConstSpan(jobs.jobs.data() + jobs.first[m],
+                                         static_cast<size_t>(jobs.first[m + 1] - jobs.first[m])));
+    for (const JobSums& s : ref.sums) mx = std::max(mx, s.maxabs);
     ref.untrusted = mx > 0 && !TrustedMagnitude(mx, std::max(p.rows, p.cols));
     absl::StatusOr<double> pr = OraclePR(in.views[m]);
     ref.pr = pr.ok() ? *pr : std::numeric_limits<double>::quiet_NaN();

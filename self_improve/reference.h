@@ -23,9 +23,16 @@ struct JobSums {
   double maxabs = 0;  // NaN when the job read a NaN
 };
 
-// The sums `job` must produce on `w` (the job's matrix; its Gram on the
-// smaller side, as the contract in generator.h).
+// The sums `job` must produce on `w` (the job's matrix, a strided host
+// view; its Gram on the smaller side, as the contract in generator.h). Each
+// Gram entry is one float64 dot product of the converted operand rows
+// (OpenBLAS dgemm, dsyrk on the diagonal), so a sum differs from a
+// sequential one only in the rounding of its order.
 JobSums ReferenceJobSums(const MatrixView& w, const TuneJob& job);
+
+// The same for every job of `jobs` on `w`, the matrix converted to float64
+// once: what a caller with many jobs of one matrix uses.
+std::vector<JobSums> ReferenceMatrixSums(const MatrixView& w, absl::Span<const TuneJob> jobs);
 
 // PR from a matrix's job sums, as the finalize computes it: t^2 / g, 0 for
 // a matrix of zeros, NaN when a sum is not finite.

@@ -185,11 +185,13 @@ class SpaceGpuTest : public ::testing::Test {
     for (size_t m = 0; m < stored.size(); ++m) {
       MatrixReference ref;
       ref.matrix = static_cast<int>(m);
+      std::vector<TuneJob> mine;
       for (size_t j = 0; j < nj; ++j) {
         if (jobs[j].matrix != static_cast<int32_t>(m)) continue;
         ref.jobs.push_back(static_cast<int>(j));
-        ref.sums.push_back(ReferenceJobSums(stored[m].view, jobs[j]));
+        mine.push_back(jobs[j]);
       }
+      ref.sums = ReferenceMatrixSums(stored[m].view, mine);
       absl::StatusOr<double> pr = OraclePR(stored[m].view);
       ASSERT_TRUE(pr.ok());
       ref.pr = *pr;

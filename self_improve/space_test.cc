@@ -1,11 +1,15 @@
 #include "self_improve/space.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/engine.h"
 #include "kernels/test_matrices.h"
@@ -174,6 +178,109 @@ TEST(ReferenceTest, JobSumsGiveTheOraclesPr) {
       }
     }
   }
+}
+
+// The per-job contract summed sequentially from the stored values, one
+// Gram entry at a time: the check of the BLAS reference.
+JobSums ScalarJobSums(const StoredMatrix& m, const TuneJob& job) {
+  const std::vector<double> w = StoredValues(m);
+  const int64_t rows = m.view.rows, cols = m.view.cols;
+  const bool tall = rows > cols;
+  const int64_t k = tall ? rows : cols;
+  const auto op = [&](int64_t r, int64_t p) { return tall ? w[p * cols + r] : w[r * cols + p]; };
+  JobSums s;
+  bool nan = false;
+  for (const auto& [first, count] : {std::pair<int, int>{job.row0, job.rows},
+                                    std::pair<int, int>{job.col0, job.cols}}) {
+    for (int r = first; r < first + count; ++r) {
+      for (int64_t p = 0; p < k; ++p) {
+        nan |= std::isnan(op(r, p));
+        s.maxabs = std::max(s.maxabs, std::fabs(op(r, p)));
+      }
+    }
+  }
+  if (nan) s.maxabs = std::numeric_limits<double>::quiet_NaN();
+  for (int i = 0; i < job.rows; ++i) {
+    for (int j = 0; j < job.cols; ++j) {
+      const int r = job.row0 + i, c = job.col0 + j;
+      if (c < r) continue;
+      double g = 0;
+      for (int64_t p = 0; p < k; ++p) g += op(r, p) * op(c, p);
+      s.g2 += (c == r ? 1.0 : 2.0) * g * g;
+      if (c == r) s.trace += g;
+    }
+  }
+  return s;
+}
+
+// Equal for the same non-finite class, else within `rel` (the BLAS sums
+// differ from sequential ones only in the rounding of their order).
+bool Close(double got, double want, double rel) {
+  if (std::isnan(want) || std::isnan(got)) return std::isnan(want) && std::isnan(got);
+  if (std::isinf(want) || std::isinf(got)) return got == want;
+  return std::fabs(got - want) <= rel * std::fabs(want);
+}
+
+// ReferenceMatrixSums (dgemm/dsyrk on the converted rows) against the
+// sequential sums: random shapes (wide, tall, square; edge tiles; padded
+// rows, whose NaN padding must never be read), the enumerated tilings and
+// random jobs on and off the diagonal, all dtypes, and zeros, NaN, Inf,
+// huge, tiny and subnormal entries.
+TEST(ReferenceTest, BlasSumsMatchTheSequentialSums) {
+  std::mt19937_64 rng = SeededRng("ReferenceTest.BlasSumsMatchTheSequentialSums");
+  std::fprintf(stderr, "ReferenceTest.BlasSumsMatchTheSequentialSums: seed %llu\n",
+               static_cast<unsigned long long>(TestSeed()));
+  const auto below = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
+  enum Content { kPlain, kZeros, kNaN, kInf, kHuge, kTiny, kSubnormal, kContents };
+  int compared = 0, nonfinite = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int shape = trial % 3;  // wide, tall, square
+    const int n = 1 + below(150), k = n + below(shape == 2 ? 1 : 200);
+    const int rows = shape == 1 ? k : n, cols = shape == 1 ? n : k;
+    const Content content = static_cast<Content>(trial % kContents);
+    const DType dtype = kDtypes[(trial / 3) % 3];
+    std::vector<double> w = content == kZeros ? std::vector<double>(size_t(rows) * cols, 0.0)
+                                              : MakeMatrix(rng, rows, cols, Spectrum::kGaussian, 1.0);
+    const double scale = content == kHuge ? kHugeScale : content == kTiny ? kTinyScale
+                         : content == kSubnormal ? 1e-39 : 1.0;
+    for (double& x : w) x *= scale;
+    const size_t bad = static_cast<size_t>(below(rows)) * cols + below(cols);
+    if (content == kNaN) w[bad] = std::numeric_limits<double>::quiet_NaN();
+    if (content == kInf) w[bad] = (rng() & 1) ? std::numeric_limits<double>::infinity()
+                                              : -std::numeric_limits<double>::infinity();
+    const StoredMatrix m = Store(w, rows, cols, dtype, below(4), "blas");
+    std::vector<TuneJob> jobs;
+    const int tr = 16 * below(4), tc = tr == 0 ? 0 : 16 * (1 + below(3));
+    EnumerateTuneJobs(0, n, CandidateLaunch{128, 0, tr, tc}, &jobs);
+    for (int extra = 0; extra < 4; ++extra) {  // arbitrary tiles, diagonal or not
+      TuneJob j{0, below(n), below(n), 0, 0, 0};
+      if (extra == 0) j.col0 = j.row0;
+      j.rows = 1 + below(n - j.row0);
+      j.cols = 1 + below(n - j.col0);
+      j.diagonal = j.row0 < j.col0 + j.cols && j.col0 < j.row0 + j.rows;
+      jobs.push_back(j);
+    }
+    const std::vector<JobSums> fast = ReferenceMatrixSums(m.view, jobs);
+    ASSERT_EQ(fast.size(), jobs.size());
+    for (size_t q = 0; q < jobs.size(); ++q) {
+      const TuneJob& j = jobs[q];
+      const JobSums want = ScalarJobSums(m, j);
+      const std::string where = absl::StrCat(m.view.rows, "x", m.view.cols, " ", DTypeName(dtype),
+                                             " content ", content, " job rows [", j.row0, "+",
+                                             j.rows, ") cols [", j.col0, "+", j.cols, ")");
+      EXPECT_TRUE(Close(fast[q].g2, want.g2, 1e-12)) << where << ": g2 " << fast[q].g2 << " vs " << want.g2;
+      EXPECT_TRUE(Close(fast[q].trace, want.trace, 1e-12))
+          << where << ": trace " << fast[q].trace << " vs " << want.trace;
+      EXPECT_TRUE(std::memcmp(&fast[q].maxabs, &want.maxabs, sizeof want.maxabs) == 0 ||
+                  (std::isnan(fast[q].maxabs) && std::isnan(want.maxabs)))
+          << where << ": maxabs " << fast[q].maxabs << " vs " << want.maxabs;
+      EXPECT_EQ(ReferenceJobSums(m.view, j).g2 == fast[q].g2 || std::isnan(fast[q].g2), true) << where;
+      ++compared;
+      nonfinite += !std::isfinite(want.g2);
+    }
+  }
+  EXPECT_GT(nonfinite, 0);  // the NaN and Inf contents were met
+  std::fprintf(stderr, "compared %d jobs, %d of them non-finite\n", compared, nonfinite);
 }
 
 TEST(ReferenceTest, NanAndZeros) {

@@ -134,10 +134,9 @@ Realized Realize(const InputPlan& plan, DType dtype, int tile) {
     MatrixReference ref;
     ref.matrix = static_cast<int>(m);
     ref.kind = p.kind;
-    for (int j = first; j < static_cast<int>(r.jobs.size()); ++j) {
-      ref.jobs.push_back(j);
-      ref.sums.push_back(ReferenceJobSums(r.stored.back().view, r.jobs[j]));
-    }
+    for (int j = first; j < static_cast<int>(r.jobs.size()); ++j) ref.jobs.push_back(j);
+    ref.sums = ReferenceMatrixSums(r.stored.back().view,
+                                   absl::MakeConstSpan(r.jobs).subspan(static_cast<size_t>(first)));
     double mx = 0;
     for (const JobSums& s : ref.sums) mx = std::max(mx, s.maxabs);
     ref.untrusted = !TrustedMagnitude(mx, std::max(p.rows, p.cols)) && mx > 0;
