@@ -202,7 +202,11 @@ typedef struct rvd_tune_module rvd_tune_module; /* opaque: one loaded candidate 
 typedef struct rvd_tune_device {
   int32_t sm;               /* exact architecture: 90 for sm_90 */
   char arch[16];            /* what NVRTC is given: "sm_90a" on Hopper */
-  double dram_bytes_per_s;  /* measured ceilings; 0 when not measured */
+  /* Measured ceilings, once per device of the process (the first call),
+   * on the lowest-priority stream; 0 when not measured. DRAM: a 1 GiB
+   * device-to-device copy, read plus written bytes, best of 3. fp32: an
+   * FMA-chain kernel on every SM (NVRTC; 0 without it), best of 3. */
+  double dram_bytes_per_s;
   double fp32_flop_per_s;
   uint64_t l2_bytes;
 } rvd_tune_device;

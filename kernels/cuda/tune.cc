@@ -12,6 +12,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -118,7 +121,156 @@ absl::Status Device(int device, rvd_tune_device* out) {
   const std::string arch = absl::StrCat("sm_", p.major, p.minor, out->sm == 90 ? "a" : "");
   std::snprintf(out->arch, sizeof(out->arch), "%s", arch.c_str());
   out->l2_bytes = static_cast<uint64_t>(std::max(0, p.l2CacheSize));
-  return absl::OkStatus();  // the ceilings are not measured here yet (0)
+  return absl::OkStatus();  // the ceilings: MeasuredCeilings
+}
+
+// The FMA-chain kernel of the fp32 ceiling: 8 independent chains per
+// thread, their result stored only under a condition the data never meets.
+constexpr char kFmaPeakSource[] = R"(
+extern "C" __global__ void rvd_fma_peak(float* out, int iters, float a, float b) {
+  float x[8];
+#pragma unroll
+  for (int c = 0; c < 8; ++c) x[c] = threadIdx.x * 1e-3f + c;
+  for (int i = 0; i < iters; ++i) {
+#pragma unroll
+    for (int c = 0; c < 8; ++c) x[c] = fmaf(x[c], a, b);
+  }
+  float s = 0;
+#pragma unroll
+  for (int c = 0; c < 8; ++c) s += x[c];
+  if (s == -1.0f) out[threadIdx.x] = s;
+}
+)";
+constexpr int kFmaChains = 8;
+
+// Best of `tries` event-timed runs of enqueue(stream), in seconds.
+absl::StatusOr<double> BestSeconds(cudaStream_t stream, int tries,
+                                   const std::function<absl::Status()>& enqueue) {
+  cudaEvent_t start = nullptr, end = nullptr;
+  RVD_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+  absl::Cleanup destroy_start = [&] { cudaEventDestroy(start); };
+  RVD_CUDA_RETURN_IF_ERROR(cudaEventCreate(&end));
+  absl::Cleanup destroy_end = [&] { cudaEventDestroy(end); };
+  double best = 0;
+  for (int t = 0; t <= tries; ++t) {  // the first run warms up, untimed
+    RVD_CUDA_RETURN_IF_ERROR(cudaEventRecord(start, stream));
+    if (absl::Status s = enqueue(); !s.ok()) return s;
+    RVD_CUDA_RETURN_IF_ERROR(cudaEventRecord(end, stream));
+    RVD_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(end));
+    float ms = 0;
+    RVD_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start, end));
+    if (t > 0 && (best == 0 || ms * 1e-3 < best)) best = ms * 1e-3;
+  }
+  return best;
+}
+
+// DRAM bytes per second: a device-to-device copy of 1 GiB (256 MiB when
+// that much is not free), read plus written, best of 3.
+absl::StatusOr<double> MeasureDram(cudaStream_t stream) {
+  for (size_t bytes : {size_t{1} << 30, size_t{1} << 28}) {
+    void *src = nullptr, *dst = nullptr;
+    if (cudaMalloc(&src, bytes) != cudaSuccess || cudaMalloc(&dst, bytes) != cudaSuccess) {
+      cudaGetLastError();  // the failed allocation is not an error of later calls
+      if (src != nullptr) cudaFree(src);
+      continue;
+    }
+    absl::Cleanup release = [&] {
+      cudaStreamSynchronize(stream);
+      cudaFree(src);
+      cudaFree(dst);
+    };
+    RVD_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(src, 1, bytes, stream));
+    absl::StatusOr<double> t = BestSeconds(stream, 3, [&]() -> absl::Status {
+      RVD_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+      return absl::OkStatus();
+    });
+    if (!t.ok()) return t.status();
+    return *t > 0 ? 2.0 * static_cast<double>(bytes) / *t : 0.0;
+  }
+  return 0.0;  // not measured: no room for the buffers
+}
+
+// fp32 FLOP per second: the FMA chains (2 FLOP each) on every SM, best of 3.
+// 0 when NVRTC is not installed.
+absl::StatusOr<double> MeasureFp32(int device, cudaStream_t stream) {
+  const Nvrtc& nv = GetNvrtc();
+  if (!nv.status.ok()) return 0.0;
+  absl::StatusOr<const DriverApi*> api = GetDriverApi();
+  if (!api.ok()) return 0.0;
+  rvd_tune_device dev;
+  if (absl::Status s = Device(device, &dev); !s.ok()) return s;
+  cudaDeviceProp p{};
+  RVD_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&p, device));
+  nvrtcProgram prog = nullptr;
+  if (nv.create(&prog, kFmaPeakSource, "fma_peak.cu", 0, nullptr, nullptr) != NVRTC_SUCCESS) {
+    return absl::InternalError("nvrtcCreateProgram failed for the fp32 ceiling");
+  }
+  absl::Cleanup destroy = [&] { nv.destroy(&prog); };
+  const std::string arch = absl::StrCat("--gpu-architecture=", dev.arch);
+  const char* opts[] = {arch.c_str()};
+  if (nvrtcResult r = nv.compile(prog, 1, opts); r != NVRTC_SUCCESS) {
+    return absl::InternalError(absl::StrCat("the fp32 ceiling's kernel: ", nv.error(r)));
+  }
+  size_t n = 0;
+  nv.cubin_size(prog, &n);
+  std::string cubin(n, '\0');
+  nv.cubin(prog, cubin.data());
+  CUmodule module = nullptr;
+  CUfunction fn = nullptr;
+  RVD_CU_RETURN_IF_ERROR(**api, (*api)->cuModuleLoadData(&module, cubin.data()),
+                         absl::StatusCode::kInternal);
+  absl::Cleanup unload = [&] { (*api)->cuModuleUnload(module); };
+  RVD_CU_RETURN_IF_ERROR(**api, (*api)->cuModuleGetFunction(&fn, module, "rvd_fma_peak"),
+                         absl::StatusCode::kInternal);
+  void* out = nullptr;
+  RVD_CUDA_RETURN_IF_ERROR(cudaMalloc(&out, 1024 * sizeof(float)));
+  absl::Cleanup release = [&] {
+    cudaStreamSynchronize(stream);
+    cudaFree(out);
+  };
+  const unsigned threads = 512, blocks = static_cast<unsigned>(p.multiProcessorCount) * 4;
+  int iters = 1 << 18;
+  float a = 0.999999f, b = 1e-6f;
+  void* args[] = {&out, &iters, &a, &b};
+  absl::StatusOr<double> t = BestSeconds(stream, 3, [&]() -> absl::Status {
+    RVD_CU_RETURN_IF_ERROR(**api,
+                           (*api)->cuLaunchKernel(fn, blocks, 1, 1, threads, 1, 1, 0,
+                                                  reinterpret_cast<CUstream>(stream), args,
+                                                  nullptr),
+                           absl::StatusCode::kInternal);
+    return absl::OkStatus();
+  });
+  if (!t.ok()) return t.status();
+  const double flop = 2.0 * kFmaChains * iters * static_cast<double>(threads) * blocks;
+  return *t > 0 ? flop / *t : 0.0;
+}
+
+// The device's measured ceilings, once per device of this process (the
+// first device() call of an engine on it), on the lowest-priority stream.
+absl::Status MeasuredCeilings(int device, double* dram, double* fp32) {
+  static std::mutex mu;
+  static auto* cache = new std::map<int, std::pair<double, double>>;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache->find(device); it != cache->end()) {
+    *dram = it->second.first;
+    *fp32 = it->second.second;
+    return absl::OkStatus();
+  }
+  RVD_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  int least = 0, greatest = 0;
+  RVD_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  cudaStream_t stream = nullptr;
+  RVD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, least));
+  absl::Cleanup destroy = [&] { cudaStreamDestroy(stream); };
+  absl::StatusOr<double> d = MeasureDram(stream);
+  if (!d.ok()) return d.status();
+  absl::StatusOr<double> f = MeasureFp32(device, stream);
+  if (!f.ok()) return f.status();
+  (*cache)[device] = {*d, *f};
+  *dram = *d;
+  *fp32 = *f;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<rvd_tune_module*> Compile(int device, const char* source, std::string* log) {
@@ -330,6 +482,7 @@ absl::Status Run(rvd_tune_module* m, const rvd_matrix* batch, size_t n, const vo
 int32_t DeviceFn(rvd_cuda_engine* engine, rvd_tune_device* out, rvd_status* status) {
   absl::Status s = out == nullptr ? absl::InvalidArgumentError("no output")
                                   : Device(TuneDeviceOf(engine), out);
+  if (s.ok()) s = MeasuredCeilings(TuneDeviceOf(engine), &out->dram_bytes_per_s, &out->fp32_flop_per_s);
   SetAbiStatus(s, status);
   return status != nullptr ? status->code : static_cast<int32_t>(s.code());
 }

@@ -312,6 +312,45 @@ class CudaTuneHarnessTest : public ::testing::Test {
   rvd_cuda_engine* engine_ = nullptr;
 };
 
+// The measured ceilings (the acceptance rule's memory-bandwidth floor and
+// the bottleneck signals read them): nonzero, below the device's peak from
+// its attributes (DRAM: the bus width times the double-data-rate memory
+// clock; fp32: an FMA per lane per clock, 128 lanes per SM from sm_86 on, 64
+// before), above a quarter of it; an H200 within its specification (4.8
+// TB/s, 67 TFLOP/s). A second device() call answers the same (cached).
+TEST_F(CudaTuneHarnessTest, CeilingsAreMeasuredAndPlausible) {
+  rvd_tune_device dev{}, again{};
+  rvd_status status{};
+  ASSERT_EQ(tune_->device(engine_, &dev, &status), 0) << status.message;
+  ASSERT_EQ(tune_->device(engine_, &again, &status), 0) << status.message;
+  EXPECT_EQ(again.dram_bytes_per_s, dev.dram_bytes_per_s);
+  EXPECT_EQ(again.fp32_flop_per_s, dev.fp32_flop_per_s);
+  int ordinal = 0, mem_khz = 0, bus_bits = 0, clock_khz = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&ordinal), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, ordinal), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, ordinal),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, ordinal), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal), cudaSuccess);
+  cudaDeviceProp p{};
+  ASSERT_EQ(cudaGetDeviceProperties(&p, ordinal), cudaSuccess);
+  const double dram_peak = 2.0 * mem_khz * 1e3 * bus_bits / 8;
+  const int lanes = dev.sm >= 86 ? 128 : 64;
+  const double fp32_peak = 2.0 * lanes * sms * clock_khz * 1e3;
+  std::printf("%s: DRAM %.3g B/s measured, %.3g peak; fp32 %.3g FLOP/s measured, %.3g peak\n",
+              p.name, dev.dram_bytes_per_s, dram_peak, dev.fp32_flop_per_s, fp32_peak);
+  EXPECT_GT(dev.dram_bytes_per_s, 0.25 * dram_peak);
+  EXPECT_LE(dev.dram_bytes_per_s, 1.05 * dram_peak);  // the attribute's clock is rounded
+  EXPECT_GT(dev.fp32_flop_per_s, 0.25 * fp32_peak);
+  EXPECT_LE(dev.fp32_flop_per_s, fp32_peak);
+  if (std::string(p.name).find("H200") != std::string::npos) {
+    EXPECT_GT(dev.dram_bytes_per_s, 2.0e12);
+    EXPECT_LE(dev.dram_bytes_per_s, 4.8e12);
+    EXPECT_GT(dev.fp32_flop_per_s, 3.0e13);
+    EXPECT_LE(dev.fp32_flop_per_s, 6.7e13);
+  }
+}
+
 TEST_F(CudaTuneHarnessTest, NaiveBuiltInCandidateIsCorrect) {
   absl::StatusOr<Candidate> c = Emit(NaivePoint(), DType::kF32);
   ASSERT_TRUE(c.ok()) << c.status();
