@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "kernels/dtype_convert.h"
 #include "self_improve/acceptance.h"
 #include "self_improve/candidate_abi.h"
@@ -266,13 +267,15 @@ absl::StatusOr<const DeviceKernel*> AsDeviceKernel(const CompiledKernel& k,
 
 // One run of `kernel` on `in`; a failure of the kernel itself stays
 // ABORTED, with `what` saying which run.
-absl::StatusOr<TuneDevice::RunResult> RunOn(TuneDevice& device, const DeviceKernel& kernel,
-                                            const Input& in, const Jobs& jobs,
-                                            TuneDevice::RunSpec spec, const std::string& what) {
+absl::StatusOr<TuneDevice::RunResult> RunOn(TuneDevice& device, DutyCycle& pace,
+                                            const DeviceKernel& kernel, const Input& in,
+                                            const Jobs& jobs, TuneDevice::RunSpec spec,
+                                            const std::string& what) {
   spec.threads = static_cast<uint32_t>(kernel.launch().threads);
   spec.smem_bytes = static_cast<uint32_t>(kernel.launch().smem);
-  absl::StatusOr<TuneDevice::RunResult> r =
-      device.Run(kernel.module(), in.views, jobs.jobs.data(), jobs.jobs.size(), spec);
+  absl::StatusOr<TuneDevice::RunResult> r = pace.Run([&] {
+    return device.Run(kernel.module(), in.views, jobs.jobs.data(), jobs.jobs.size(), spec);
+  });
   if (!r.ok()) {
     return absl::Status(r.status().code(), absl::StrCat(what, ": ", r.status().message()));
   }
@@ -344,7 +347,8 @@ class DeviceCompiler final : public Compiler {
 
 class DeviceVerifier final : public Verifier {
  public:
-  DeviceVerifier(TuneDevice& device, int threads) : device_(device), threads_(threads) {}
+  DeviceVerifier(TuneDevice& device, int threads, std::shared_ptr<DutyCycle> pace)
+      : device_(device), threads_(threads), pace_(std::move(pace)) {}
 
   absl::StatusOr<CorrectnessEvidence> Verify(const TuneTarget& target,
                                              const CompiledKernel& compiled,
@@ -369,7 +373,7 @@ class DeviceVerifier final : public Verifier {
         spec.poison64 = PoisonBits64(run);
         spec.poison32 = PoisonBits32(run);
         absl::StatusOr<TuneDevice::RunResult> r =
-            RunOn(device_, **kernel, in, jobs, spec,
+            RunOn(device_, *pace_, **kernel, in, jobs, spec,
                   absl::StrCat("verification input ", i, " run ", run == first_run ? 1 : 2));
         if (!r.ok()) return r.status();
         written = written || r->input_written;
@@ -388,12 +392,14 @@ class DeviceVerifier final : public Verifier {
  private:
   TuneDevice& device_;
   const int threads_;  // host threads realizing inputs and references
+  const std::shared_ptr<DutyCycle> pace_;
 };
 
 class DeviceBenchmarker final : public Benchmarker {
  public:
-  DeviceBenchmarker(TuneDevice& device, DeviceToolsOptions options)
-      : device_(device), options_(options) {}
+  DeviceBenchmarker(TuneDevice& device, DeviceToolsOptions options,
+                    std::shared_ptr<DutyCycle> pace)
+      : device_(device), options_(options), pace_(std::move(pace)) {}
 
   absl::StatusOr<KernelProfile> Profile(const TuneTarget& target, const CompiledKernel& compiled,
                                         uint64_t seed) override {
@@ -406,7 +412,7 @@ class DeviceBenchmarker final : public Benchmarker {
     TuneDevice::RunSpec spec;
     spec.timed_launches = static_cast<uint32_t>(std::max(1, options_.profile_launches));
     absl::StatusOr<TuneDevice::RunResult> r =
-        RunOn(device_, **kernel, in, jobs, spec, "profile");
+        RunOn(device_, *pace_, **kernel, in, jobs, spec, "profile");
     if (!r.ok()) return AsHarnessError(r.status());
     KernelProfile p;
     p.seconds = Median(r->seconds);
@@ -439,11 +445,12 @@ class DeviceBenchmarker final : public Benchmarker {
       t.floor_seconds = TargetBytes(target) / info->dram_bytes_per_second;
     }
     for (int round = 0; round < request.rounds; ++round) {
-      absl::StatusOr<TuneDevice::RunResult> rc = RunOn(
-          device_, **c, in, candidate_jobs, spec, absl::StrCat("candidate block ", round + 1));
+      absl::StatusOr<TuneDevice::RunResult> rc =
+          RunOn(device_, *pace_, **c, in, candidate_jobs, spec,
+                absl::StrCat("candidate block ", round + 1));
       if (!rc.ok()) return rc.status();
-      absl::StatusOr<TuneDevice::RunResult> rb =
-          RunOn(device_, **b, in, best_jobs, spec, absl::StrCat("best block ", round + 1));
+      absl::StatusOr<TuneDevice::RunResult> rb = RunOn(
+          device_, *pace_, **b, in, best_jobs, spec, absl::StrCat("best block ", round + 1));
       if (!rb.ok()) return AsHarnessError(rb.status());
       t.candidate_seconds.push_back(Median(rc->seconds));
       t.best_seconds.push_back(Median(rb->seconds));
@@ -454,9 +461,37 @@ class DeviceBenchmarker final : public Benchmarker {
  private:
   TuneDevice& device_;
   const DeviceToolsOptions options_;
+  const std::shared_ptr<DutyCycle> pace_;
 };
 
 }  // namespace
+
+DutyCycle::Clock& DutyCycle::Clock::Real() {
+  class System final : public Clock {
+   public:
+    absl::Time Now() override { return absl::Now(); }
+    void SleepFor(absl::Duration d) override { absl::SleepFor(d); }
+  };
+  static System* const clock = new System;
+  return *clock;
+}
+
+DutyCycle::DutyCycle(double duty, Clock& clock)
+    : duty_(duty > 0 && duty <= 1 ? std::max(duty, 0.01) : (duty > 1 ? 1.0 : 0.01)),
+      clock_(clock) {}
+
+absl::Time DutyCycle::WaitTurn() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_.Now();
+  if (now < next_) clock_.SleepFor(next_ - now);
+  return clock_.Now();
+}
+
+void DutyCycle::Done(absl::Time start) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time end = clock_.Now();
+  next_ = end + (end - start) * ((1 - duty_) / duty_);
+}
 
 std::vector<uint8_t> RealizeMatrix(const MatrixPlan& p, DType dtype) {
   const int n = std::min(p.rows, p.cols), k = std::max(p.rows, p.cols);
@@ -500,8 +535,10 @@ double TargetFlops(const TuneTarget& target) {
 TuneBackend::Tools MakeDeviceTools(TuneDevice& device, DeviceToolsOptions options) {
   TuneBackend::Tools t;
   t.compiler = std::make_unique<DeviceCompiler>(device);
-  t.verifier = std::make_unique<DeviceVerifier>(device, HostThreads(options));
-  t.benchmarker = std::make_unique<DeviceBenchmarker>(device, options);
+  auto pace = std::make_shared<DutyCycle>(
+      options.duty_cycle, options.clock != nullptr ? *options.clock : DutyCycle::Clock::Real());
+  t.verifier = std::make_unique<DeviceVerifier>(device, HostThreads(options), pace);
+  t.benchmarker = std::make_unique<DeviceBenchmarker>(device, options, pace);
   return t;
 }
 

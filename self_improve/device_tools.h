@@ -26,6 +26,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
 #include "kernels/engine.h"
 #include "kernels/tune_device.h"
 #include "self_improve/generator.h"
@@ -34,15 +38,64 @@
 
 namespace rvd::tune {
 
+// Paces one job's device work to a duty cycle d in (0, 1] (issue 17 §1:
+// live measurements come first): after device work that took t seconds,
+// the next starts no sooner than t (1 - d) / d later, so a job holds the
+// device at most a fraction d of its time (1: no idle). A job's Verifier
+// and Benchmarker share one (MakeDeviceTools); t is the wall time of a
+// whole TuneDevice::Run (its copies, launches and checks), an
+// overestimate of the device's busy time. Thread-safe.
+class DutyCycle {
+ public:
+  // The time source and the wait: the system's (Real()), or a test's fake.
+  class Clock {
+   public:
+    virtual ~Clock() = default;
+    virtual absl::Time Now() = 0;
+    virtual void SleepFor(absl::Duration d) = 0;
+    static Clock& Real();
+  };
+
+  // `duty` outside (0, 1] is clamped into [0.01, 1] (ValidateConfig
+  // refuses such a tune_duty_cycle with an error).
+  DutyCycle(double duty, Clock& clock);
+
+  // Waits out the idle that earlier work left owed, then runs `work` and
+  // records how long it took.
+  template <typename F>
+  auto Run(F&& work) {
+    const absl::Time start = WaitTurn();
+    auto result = work();
+    Done(start);
+    return result;
+  }
+
+  double duty() const { return duty_; }
+
+ private:
+  absl::Time WaitTurn();
+  void Done(absl::Time start);
+
+  const double duty_;
+  Clock& clock_;
+  absl::Mutex mu_;
+  absl::Time next_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
+
 struct DeviceToolsOptions {
   int block_launches = 5;       // timed launches per A-B block (their median is the block's)
   int long_block_factor = 4;    // a long measurement's blocks are this many times longer
   int profile_launches = 9;     // timed launches of a profile
   // Host threads realizing inputs and computing the reference (each matrix
   // independent: the results do not depend on it); 0: half the cores, at
-  // most 8. A 480 x 128x4096 bf16 input takes about 3.4 s on one core to
-  // realize; the reference of a checked 1024x4096 matrix about 2 s.
+  // most 8. A 480 x 128x4096 bf16 input takes about 2-3.5 s on one core to
+  // realize; the reference sums of a checked 1024x4096 matrix about 0.15 s
+  // and its SVD oracle about 0.6 s.
   int host_threads = 0;
+  // The share of time the job's device work may take (DutyCycle): config
+  // key tune_duty_cycle. The clock: nullptr for the system's.
+  double duty_cycle = 0.5;
+  DutyCycle::Clock* clock = nullptr;
 };
 
 // The compiler, verifier and benchmark over `device` (which must outlive

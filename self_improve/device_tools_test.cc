@@ -301,6 +301,121 @@ TEST_F(DeviceToolsTest, ALoopOverTheDeviceToolsAcceptsAndRejects) {
 }
 
 // The realized inputs are what their plans say (f32, against the oracle).
+// A clock that stands still but for what the test (or `tick` per Now()
+// call) advances it, recording every sleep.
+class FakeClock final : public DutyCycle::Clock {
+ public:
+  explicit FakeClock(absl::Duration tick = absl::ZeroDuration()) : tick_(tick) {}
+  absl::Time Now() override {
+    now_ += tick_;
+    return now_;
+  }
+  void SleepFor(absl::Duration d) override {
+    sleeps.push_back(d);
+    now_ += d;
+  }
+  void Advance(absl::Duration d) { now_ += d; }
+  std::vector<absl::Duration> sleeps;
+
+ private:
+  const absl::Duration tick_;
+  absl::Time now_ = absl::UnixEpoch();
+};
+
+// After work of t the next work waits t (1 - d) / d, less the time that
+// passed since (host work between device runs counts as idle).
+TEST(DutyCycleTest, IdlesInProportionToWork) {
+  FakeClock clock;
+  DutyCycle half(0.5, clock);
+  const auto work = [&](absl::Duration t) {
+    return half.Run([&] {
+      clock.Advance(t);
+      return 0;
+    });
+  };
+  work(absl::Seconds(2));
+  EXPECT_TRUE(clock.sleeps.empty());  // nothing owed before the first
+  work(absl::Seconds(1));
+  ASSERT_EQ(clock.sleeps.size(), 1u);
+  EXPECT_EQ(clock.sleeps[0], absl::Seconds(2));
+  clock.Advance(absl::Milliseconds(400));  // the host's own work
+  work(absl::Seconds(3));
+  ASSERT_EQ(clock.sleeps.size(), 2u);
+  EXPECT_EQ(clock.sleeps[1], absl::Milliseconds(600));
+  clock.Advance(absl::Seconds(5));  // longer than owed: no wait
+  work(absl::Seconds(1));
+  EXPECT_EQ(clock.sleeps.size(), 2u);
+
+  FakeClock quarter_clock;
+  DutyCycle quarter(0.25, quarter_clock);
+  absl::Duration busy;
+  const absl::Time start = quarter_clock.Now();
+  for (int i = 0; i < 10; ++i) {
+    const absl::Duration t = absl::Milliseconds(100 * (i % 3 + 1));
+    quarter.Run([&] {
+      quarter_clock.Advance(t);
+      return 0;
+    });
+    busy += t;
+    if (i > 0) {
+      EXPECT_EQ(quarter_clock.sleeps.back(), absl::Milliseconds(300 * ((i - 1) % 3 + 1))) << i;
+    }
+  }
+  // Busy a quarter of the time up to the last run's end (its own idle not yet owed).
+  const absl::Duration last = absl::Milliseconds(100 * (9 % 3 + 1));
+  EXPECT_DOUBLE_EQ(absl::FDivDuration(busy - last, quarter_clock.Now() - start - last), 0.25);
+
+  FakeClock full_clock;
+  DutyCycle full(1.0, full_clock);
+  for (int i = 0; i < 3; ++i) full.Run([&] {
+    full_clock.Advance(absl::Seconds(1));
+    return 0;
+  });
+  EXPECT_TRUE(full_clock.sleeps.empty());
+
+  EXPECT_EQ(DutyCycle(2.0, clock).duty(), 1.0);
+  EXPECT_EQ(DutyCycle(0.0, clock).duty(), 0.01);
+  EXPECT_EQ(DutyCycle(-1.0, clock).duty(), 0.01);
+  EXPECT_EQ(DutyCycle(std::nan(""), clock).duty(), 0.01);
+  EXPECT_EQ(DutyCycle(0.001, clock).duty(), 0.01);
+}
+
+// The tools pace every device run, the verifier's and the benchmarker's
+// together, at the options' duty cycle: each run takes one 10 ms tick of
+// the fake clock (from its start to its end), so at d = 0.25 it owes 30 ms
+// of idle, of which the tick of the next run's first look at the clock has
+// passed: each run after the first waits 20 ms.
+TEST(DutyCycleTest, TheToolsPaceEveryDeviceRun) {
+  FakeClock clock(absl::Milliseconds(10));
+  FakeTuneDevice device;
+  DeviceToolsOptions o;
+  o.duty_cycle = 0.25;
+  o.clock = &clock;
+  TuneBackend::Tools tools = MakeDeviceTools(device, o);
+  const TuneTarget target = SmallTarget();
+  const CandidateLaunch launch{128, 0, 16, 16};
+  std::shared_ptr<const CompiledKernel> k[2];
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<CompileResult> c = tools.compiler->Compile(
+        target, FakeDeviceSource(1e-3 * (i + 1), "", FormatLaunchAnnotation(launch)), launch);
+    ASSERT_TRUE(c.ok() && c->kernel != nullptr);
+    k[i] = c->kernel;
+  }
+  VerifyRequest vr;
+  vr.seed = 5;
+  vr.inputs = 3;
+  ASSERT_TRUE(tools.verifier->Verify(target, *k[0], vr).ok());
+  BenchRequest br;
+  br.seed = 6;
+  br.rounds = 3;
+  ASSERT_TRUE(tools.benchmarker->Compare(target, *k[0], *k[1], br).ok());
+  ASSERT_TRUE(tools.benchmarker->Profile(target, *k[1], 7).ok());
+  const size_t runs = device.runs().size();
+  EXPECT_EQ(runs, 3u * 2 + 3u * 2 + 1);
+  ASSERT_EQ(clock.sleeps.size(), runs - 1);
+  for (absl::Duration d : clock.sleeps) EXPECT_EQ(d, absl::Milliseconds(20));
+}
+
 TEST(RealizeMatrixTest, SpectraAndSpecialKinds) {
   const auto view = [](const std::vector<uint8_t>& b, int rows, int cols) {
     MatrixView v;

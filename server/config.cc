@@ -264,6 +264,9 @@ const KeyReader kKeys[] = {
      "device memory rvd may hold (>= 64 MiB)"},
     {"cuda_max_sms", &Config::cuda_max_sms,
      "most SMs fused v4's persistent grid occupies, leaving the rest to a trainer (0: all)"},
+    {"tune_duty_cycle", &Config::tune_duty_cycle,
+     "share of time a tuning job's device work may take, in (0, 1]: after t seconds of it "
+     "the job idles t (1 - d) / d"},
     {"checkpoint_roots", &Config::checkpoint_roots,
      "a directory under which rvd reads checkpoints itself (MeasurePath, "
      "watch); repeatable; given on the command line, replaces the file's list",
@@ -486,6 +489,12 @@ absl::Status ValidateConfig(const Config& config) {
   }
   if (config.cuda_streams < 1) {
     errors.push_back("config key 'cuda_streams': must be >= 1");
+  }
+  if (!(config.tune_duty_cycle > 0 && config.tune_duty_cycle <= 1)) {
+    errors.push_back(absl::StrCat(
+        "config key 'tune_duty_cycle': must be in (0, 1], the share of time a tuning job's "
+        "device work may take (1: no idle between its runs), not ",
+        config.tune_duty_cycle));
   }
   if (config.cuda_max_sms < 0) {
     errors.push_back("config key 'cuda_max_sms': must be >= 0 (0: every SM)");

@@ -67,6 +67,9 @@ struct Config {
   int cuda_streams = 4;             // CUDA stream pool size
   uint64_t cuda_max_device_bytes = 4ull << 30;  // device memory rvd may hold
   int cuda_max_sms = 0;  // SMs rvd's persistent kernels may occupy; 0: all
+  // The share of time a tuning job's device work may take, in (0, 1]: after
+  // work of t seconds it idles t (1 - d) / d (tune::DutyCycle).
+  double tune_duty_cycle = 0.5;
   // Directories under which rvd reads checkpoints itself (MeasurePath, the
   // watch section); none: it reads none (server/path_policy.h).
   std::vector<std::string> checkpoint_roots;

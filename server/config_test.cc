@@ -39,6 +39,7 @@ TEST(ConfigTest, EmptyTextGivesDefaults) {
     EXPECT_FALSE(c->per_head_metrics);
     EXPECT_EQ(c->rv_alert_threshold, 0.0);
     EXPECT_EQ(c->default_variant, "");
+    EXPECT_EQ(c->tune_duty_cycle, 0.5);
     EXPECT_TRUE(ValidateConfig(*c).ok());
   }
 }
@@ -61,6 +62,7 @@ stream_idle_timeout_seconds: 2.5
 per_head_metrics: yes
 rv_alert_threshold: 0.75
 default_variant: power_iter
+tune_duty_cycle: 1
 )";
   absl::StatusOr<Config> c = ParseConfig(text);
   ASSERT_TRUE(c.ok()) << c.status();
@@ -80,6 +82,7 @@ default_variant: power_iter
   EXPECT_TRUE(c->per_head_metrics);
   EXPECT_DOUBLE_EQ(c->rv_alert_threshold, 0.75);
   EXPECT_EQ(c->default_variant, "power_iter");
+  EXPECT_EQ(c->tune_duty_cycle, 1.0);
   EXPECT_TRUE(ValidateConfig(*c).ok()) << ValidateConfig(*c);
 }
 
@@ -162,6 +165,10 @@ TEST(ConfigTest, BadValuesFailValidation) {
       {"cuda_device: -1", "cuda_device"},
       {"cuda_streams: 0", "cuda_streams"},
       {"cuda_max_sms: -1", "cuda_max_sms"},
+      {"tune_duty_cycle: 0", "tune_duty_cycle"},
+      {"tune_duty_cycle: -0.5", "tune_duty_cycle"},
+      {"tune_duty_cycle: 1.5", "tune_duty_cycle"},
+      {"tune_duty_cycle: .nan", "tune_duty_cycle"},
       {"cuda_max_device_bytes: 1024", "cuda_max_device_bytes"},
       {"log_level: verbose", "log_level"},
       {"log_level: INFO", "log_level"},

@@ -100,7 +100,7 @@ class ServerImpl final : public Server {
                                         : "not served (this backend reads no GPU memory)");
     // Tuning jobs (issue 17), resumed from data_dir/tune where they can
     // run; where they cannot, every start is refused with the reason.
-    tune_backend_ = MakeTuneBackend(*engine_);
+    tune_backend_ = MakeTuneBackend(*engine_, config.tune_duty_cycle);
     tune::JobManagerOptions tune_options;
     tune_options.data_dir = config.data_dir;
     tune_options.backend = tune_backend_.get();

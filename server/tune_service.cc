@@ -43,7 +43,7 @@ class UnavailableBackend final : public tune::TuneBackend {
 // TuneDevice, which the engine owns and which outlives the job manager.
 class DeviceBackend final : public tune::TuneBackend {
  public:
-  explicit DeviceBackend(TuneDevice& device) : device_(device) {}
+  DeviceBackend(TuneDevice& device, double duty_cycle) : device_(device), duty_cycle_(duty_cycle) {}
   absl::Status Available() const override { return absl::OkStatus(); }
   int Devices() const override { return 1; }
 
@@ -79,11 +79,14 @@ class DeviceBackend final : public tune::TuneBackend {
   }
 
   absl::StatusOr<Tools> ToolsFor(int, const tune::TuneTarget&) override {
-    return tune::MakeDeviceTools(device_);
+    tune::DeviceToolsOptions options;
+    options.duty_cycle = duty_cycle_;
+    return tune::MakeDeviceTools(device_, options);
   }
 
  private:
   TuneDevice& device_;
+  const double duty_cycle_;
 };
 
 absl::StatusOr<DType> DTypeOf(rvd::v1::DType d) {
@@ -122,9 +125,9 @@ void SetTime(absl::Time t, google::protobuf::Timestamp* out) {
 
 }  // namespace
 
-std::unique_ptr<tune::TuneBackend> MakeTuneBackend(Engine& engine) {
+std::unique_ptr<tune::TuneBackend> MakeTuneBackend(Engine& engine, double duty_cycle) {
   if (TuneDevice* device = engine.Tune(); device != nullptr) {
-    return std::make_unique<DeviceBackend>(*device);
+    return std::make_unique<DeviceBackend>(*device, duty_cycle);
   }
   if (engine.Backend() != "cuda") {
     return std::make_unique<UnavailableBackend>(absl::StrCat(

@@ -32,8 +32,9 @@ inline constexpr int kMaxTuneWatches = 16;
 // when engine.Tune() is there, jobs on its one GPU (device 0: the exact
 // architecture and the shape class's default shapes filled in, the device
 // tools); else every start is FAILED_PRECONDITION with the reason. The one
-// place that decides.
-std::unique_ptr<tune::TuneBackend> MakeTuneBackend(Engine& engine);
+// place that decides. `duty_cycle`: the share of time a job's device work
+// may take (config key tune_duty_cycle; tune::DutyCycle).
+std::unique_ptr<tune::TuneBackend> MakeTuneBackend(Engine& engine, double duty_cycle = 0.5);
 
 // Conversions between the API and the manager (tested alone).
 absl::StatusOr<tune::JobSpec> SpecFromProto(const rvd::v1::StartTuneJobRequest& r);
