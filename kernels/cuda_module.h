@@ -212,7 +212,8 @@ typedef struct rvd_tune_device {
 } rvd_tune_device;
 
 typedef struct rvd_tune_run {
-  /* In: the candidate's launch geometry (its "rvd-launch:" line); grid 0:
+  /* In: the candidate's launch geometry (its "rvd-launch:" line; the grid
+   * is capped at the engine's max_sms when that is set); grid 0:
    * one block per job. */
   uint32_t threads, smem_bytes, grid;
   /* In: timed launches after the checked one (0: the checked run only). */

@@ -36,6 +36,7 @@ struct rvd_cuda_engine {
 
 rvd::cuda::Live* LiveOf(rvd_cuda_engine* engine) { return engine->live.get(); }
 int rvd::cuda::TuneDeviceOf(rvd_cuda_engine* engine) { return engine->engine->device(); }
+int rvd::cuda::TuneMaxSmsOf(rvd_cuda_engine* engine) { return engine->engine->max_sms(); }
 
 namespace {
 

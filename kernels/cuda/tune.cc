@@ -325,8 +325,8 @@ absl::StatusOr<rvd_tune_module*> Compile(int device, const char* source, std::st
 
 size_t ElementSize(int32_t dtype) { return dtype == RVD_DTYPE_F32 ? 4 : 2; }
 
-absl::Status Run(rvd_tune_module* m, const rvd_matrix* batch, size_t n, const void* jobs,
-                 size_t num_jobs, rvd_tune_run* io) {
+absl::Status Run(rvd_tune_module* m, int max_sms, const rvd_matrix* batch, size_t n,
+                 const void* jobs, size_t num_jobs, rvd_tune_run* io) {
   absl::StatusOr<const DriverApi*> api = GetDriverApi();
   if (!api.ok()) return api.status();
   if (m == nullptr || io == nullptr || (n > 0 && batch == nullptr) || num_jobs == 0 ||
@@ -426,7 +426,10 @@ absl::Status Run(rvd_tune_module* m, const rvd_matrix* batch, size_t n, const vo
   }
   int jobs_arg = static_cast<int>(num_jobs);
   void* args[] = {&d_descs, &d_jobs, &jobs_arg, &d_g2, &d_trace, &d_max};
-  const unsigned grid = io->grid > 0 ? io->grid : static_cast<unsigned>(num_jobs);
+  // Within the engine's SM cap: at most max_sms blocks, so at most that many
+  // SMs hold the candidate (its blocks loop over the jobs: generator.h).
+  unsigned grid = io->grid > 0 ? io->grid : static_cast<unsigned>(num_jobs);
+  if (max_sms > 0) grid = std::min(grid, static_cast<unsigned>(max_sms));
   auto launch = [&]() -> absl::Status {
     RVD_CU_RETURN_IF_ERROR(**api,
                            (*api)->cuLaunchKernel(m->fn, grid, 1, 1, io->threads, 1, 1,
@@ -503,9 +506,11 @@ rvd_tune_module* CompileFn(rvd_cuda_engine* engine, const char* source, char** l
 
 void FreeLogFn(char* log) { std::free(log); }
 
-int32_t RunFn(rvd_cuda_engine*, rvd_tune_module* module, const rvd_matrix* batch, size_t n,
-              const void* jobs, size_t num_jobs, rvd_tune_run* io, rvd_status* status) {
-  const absl::Status s = Run(module, batch, n, jobs, num_jobs, io);
+int32_t RunFn(rvd_cuda_engine* engine, rvd_tune_module* module, const rvd_matrix* batch,
+              size_t n, const void* jobs, size_t num_jobs, rvd_tune_run* io,
+              rvd_status* status) {
+  const absl::Status s = Run(module, engine != nullptr ? TuneMaxSmsOf(engine) : 0, batch, n,
+                             jobs, num_jobs, io);
   SetAbiStatus(s, status);
   return static_cast<int32_t>(s.code());
 }

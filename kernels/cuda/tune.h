@@ -12,8 +12,10 @@ namespace rvd::cuda {
 // The table module.cc puts in rvd_cuda_module::tune.
 extern const rvd_cuda_tune kTuneTable;
 
-// Defined in module.cc: the CUDA device an engine runs on.
+// Defined in module.cc: the CUDA device an engine runs on, and its SM cap
+// (rvd_cuda_options::max_sms; 0: every SM), which caps a run's grid.
 int TuneDeviceOf(rvd_cuda_engine* engine);
+int TuneMaxSmsOf(rvd_cuda_engine* engine);
 
 }  // namespace rvd::cuda
 

@@ -164,6 +164,22 @@ std::string NvrtcLog(const std::string& source, bool* ok) {
   return log;
 }
 
+// Writes the grid's size for every job its blocks take (the SM-cap test).
+constexpr char kGridProbe[] = R"(// rvd-launch: threads=32 smem=0 tile_rows=16 tile_cols=16
+#include "kernels/cuda/descriptors.h"
+#include "self_improve/candidate_abi.h"
+extern "C" __global__ void rvd_tune_candidate(const rvd::cuda::MatrixDesc* mats,
+    const rvd::tune::TuneJob* jobs, int num_jobs, double* g2, double* trace, float* maxabs) {
+  for (int j = blockIdx.x; j < num_jobs; j += gridDim.x) {
+    if (threadIdx.x == 0) {
+      g2[j] = gridDim.x;
+      trace[j] = 0;
+      maxabs[j] = 0;
+    }
+  }
+}
+)";
+
 TEST(TuneHarnessNvrtcOnly, SourcesCompileAsExpected) {
   bool ok = false;
   for (const char* m : {"MUTANT_NONE", "MUTANT_STALE", "MUTANT_PARTIAL", "MUTANT_WRITES_INPUT",
@@ -171,7 +187,9 @@ TEST(TuneHarnessNvrtcOnly, SourcesCompileAsExpected) {
     const std::string log = NvrtcLog(Mutant(m), &ok);
     EXPECT_TRUE(ok) << m << ": " << log;
   }
-  std::string log = NvrtcLog(kSyntaxError, &ok);
+  std::string log = NvrtcLog(kGridProbe, &ok);
+  EXPECT_TRUE(ok) << "grid probe: " << log;
+  log = NvrtcLog(kSyntaxError, &ok);
   EXPECT_FALSE(ok);
   EXPECT_THAT(log, HasSubstr("error"));
   log = NvrtcLog(Mutant("MUTANT_SIDE_STREAM"), &ok);
@@ -349,6 +367,43 @@ TEST_F(CudaTuneHarnessTest, CeilingsAreMeasuredAndPlausible) {
     EXPECT_GT(dev.fp32_flop_per_s, 3.0e13);
     EXPECT_LE(dev.fp32_flop_per_s, 6.7e13);
   }
+}
+
+// A run's grid stays within the engine's SM cap (issue 17 §1): a kernel
+// that writes the grid's size for every job it takes, run with one block
+// per job asked, on an engine capped at 3 SMs and on the fixture's
+// uncapped one.
+TEST_F(CudaTuneHarnessTest, TheGridIsCappedAtTheEnginesSms) {
+  rvd_status status{};
+  const rvd_cuda_options capped_options{0, 2, 1ull << 30, 3};
+  rvd_cuda_engine* capped = module_->create(&capped_options, &status);
+  ASSERT_NE(capped, nullptr) << status.message;
+  std::vector<float> w(64 * 128, 1.0f);
+  const rvd_matrix batch{w.data(), 64, 128, 128, RVD_DTYPE_F32, RVD_MEMORY_HOST, 0, 0};
+  std::vector<TuneJob> jobs;
+  EnumerateTuneJobs(0, 64, CandidateLaunch{32, 0, 16, 16}, &jobs);  // 10 jobs
+  for (rvd_cuda_engine* e : {capped, engine_}) {
+    char* log = nullptr;
+    rvd_tune_module* m = tune_->compile(e, kGridProbe, &log, &status);
+    ASSERT_NE(m, nullptr) << status.message << ": " << (log != nullptr ? log : "");
+    tune_->free_log(log);
+    std::vector<double> g2(jobs.size()), trace(jobs.size());
+    std::vector<float> maxabs(jobs.size());
+    rvd_tune_run io{};
+    io.threads = 32;
+    io.grid = 0;  // one block per job asked
+    io.poison64 = PoisonBits64(1);
+    io.poison32 = PoisonBits32(1);
+    io.g2 = g2.data();
+    io.trace = trace.data();
+    io.maxabs = maxabs.data();
+    ASSERT_EQ(tune_->run(e, m, &batch, 1, jobs.data(), jobs.size(), &io, &status), 0)
+        << status.message;
+    tune_->release(e, m);
+    const double want = e == capped ? 3.0 : static_cast<double>(jobs.size());
+    for (size_t j = 0; j < jobs.size(); ++j) EXPECT_EQ(g2[j], want) << "job " << j;
+  }
+  module_->destroy(capped);
 }
 
 TEST_F(CudaTuneHarnessTest, NaiveBuiltInCandidateIsCorrect) {
