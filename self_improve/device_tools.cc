@@ -43,13 +43,15 @@ uint64_t Mix(uint64_t x) {
 // A stream of draws from one matrix's seed.
 struct Draws {
   uint64_t state;
-  uint64_t Next() { return state = Mix(state); }
+  // splitmix64: each draw a function of its index, so that consecutive draws
+  // do not wait on one another.
+  uint64_t Next() { return Mix(state += 0x9e3779b97f4a7c15ull); }
   // Near-normal, variance 1: four 16-bit uniforms summed (Irwin-Hall).
+  // (The four summed as integers: the same value as summing the quotients.)
   double Normal() {
     const uint64_t b = Next();
-    double s = 0;
-    for (int i = 0; i < 4; ++i) s += static_cast<double>((b >> (16 * i)) & 0xffff) / 65536.0;
-    return (s - 2.0) * std::sqrt(3.0);
+    const uint64_t s = (b & 0xffff) + ((b >> 16) & 0xffff) + ((b >> 32) & 0xffff) + (b >> 48);
+    return (static_cast<double>(s) / 65536.0 - 2.0) * std::sqrt(3.0);
   }
   double Sign() { return (Next() & 1) != 0 ? 1.0 : -1.0; }
 };
@@ -75,11 +77,21 @@ std::vector<double> WideValues(const MatrixPlan& p, int n, int k, Draws& d) {
       for (int i = 0; i < n; ++i) std::swap(freq[i], freq[i + d.Next() % (k - i)]);
       std::vector<double> sign(static_cast<size_t>(k));
       for (double& x : sign) x = d.Sign();
+      // cos(pi f (j + 1/2) / k) = cos(pi m / (2k)), m = f (2j + 1) mod 4k:
+      // one table of 4k cosines instead of one per entry.
+      const int64_t period = 4 * static_cast<int64_t>(k);
+      std::vector<double> cosine(static_cast<size_t>(period));
+      for (int64_t m = 0; m < period; ++m) {
+        cosine[static_cast<size_t>(m)] = std::cos(kPi * static_cast<double>(m) / (2.0 * k));
+      }
       for (int i = 0; i < n; ++i) {
-        const double theta = kPi * freq[i] / k;
         const double scale = s[i] * std::sqrt((freq[i] == 0 ? 1.0 : 2.0) / k);
+        const int64_t step = 2 * static_cast<int64_t>(freq[i]) % period;
+        int64_t m = freq[i] % period;  // j = 0
         for (int j = 0; j < k; ++j) {
-          w[static_cast<size_t>(i) * k + j] = scale * std::cos(theta * (j + 0.5)) * sign[j];
+          w[static_cast<size_t>(i) * k + j] = scale * cosine[static_cast<size_t>(m)] * sign[j];
+          m += step;
+          if (m >= period) m -= period;
         }
       }
       // U = I - 2 a a^T (a a unit vector): W = M - 2 a (a^T M).
@@ -124,23 +136,6 @@ std::vector<double> WideValues(const MatrixPlan& p, int n, int k, Draws& d) {
   if (p.kind == MatrixKind::kSubnormal) scale = 1e-39;
   for (double& x : w) x *= scale;
   return w;
-}
-
-void StoreElement(double x, DType dtype, uint8_t* at) {
-  const float f = static_cast<float>(x);
-  switch (dtype) {
-    case DType::kF32: std::memcpy(at, &f, sizeof f); return;
-    case DType::kF16: {
-      const uint16_t h = FloatToHalf(f);
-      std::memcpy(at, &h, sizeof h);
-      return;
-    }
-    case DType::kBF16: {
-      const uint16_t b = FloatToBFloat16(f);
-      std::memcpy(at, &b, sizeof b);
-      return;
-    }
-  }
 }
 
 // One input as the device receives it: its matrices, their jobs under a
@@ -505,11 +500,33 @@ std::vector<uint8_t> RealizeMatrix(const MatrixPlan& p, DType dtype) {
   if (p.kind == MatrixKind::kInf) wide[bad] = -std::numeric_limits<double>::infinity();
   const size_t es = DTypeSize(dtype);
   std::vector<uint8_t> out(static_cast<size_t>(p.rows) * p.cols * es);
-  for (int i = 0; i < p.rows; ++i) {
-    for (int j = 0; j < p.cols; ++j) {
-      const double x = tall ? wide[static_cast<size_t>(j) * k + i]
-                            : wide[static_cast<size_t>(i) * k + j];
-      StoreElement(x, dtype, &out[(static_cast<size_t>(i) * p.cols + j) * es]);
+  // The dtype chosen once per matrix, not per element.
+  const auto store = [&](auto convert, auto* at) {
+    for (int i = 0; i < p.rows; ++i) {
+      for (int j = 0; j < p.cols; ++j) {
+        const double x = tall ? wide[static_cast<size_t>(j) * k + i]
+                              : wide[static_cast<size_t>(i) * k + j];
+        at[static_cast<size_t>(i) * p.cols + j] = convert(static_cast<float>(x));
+      }
+    }
+  };
+  switch (dtype) {
+    case DType::kF32: {
+      std::vector<float> f(static_cast<size_t>(p.rows) * p.cols);
+      store([](float x) { return x; }, f.data());
+      std::memcpy(out.data(), f.data(), out.size());
+      break;
+    }
+    case DType::kF16:
+    case DType::kBF16: {
+      std::vector<uint16_t> h(static_cast<size_t>(p.rows) * p.cols);
+      if (dtype == DType::kF16) {
+        store([](float x) { return FloatToHalf(x); }, h.data());
+      } else {
+        store([](float x) { return FloatToBFloat16(x); }, h.data());
+      }
+      std::memcpy(out.data(), h.data(), out.size());
+      break;
     }
   }
   return out;
