@@ -88,9 +88,9 @@ struct DeviceToolsOptions {
   int profile_launches = 9;     // timed launches of a profile
   // Host threads realizing inputs and computing the reference (each matrix
   // independent: the results do not depend on it); 0: half the cores, at
-  // most 8. A 480 x 128x4096 bf16 input takes about 2-3.5 s on one core to
+  // most 8. A 480 x 128x4096 bf16 input takes about 1 s on one core to
   // realize; the reference sums of a checked 1024x4096 matrix about 0.15 s
-  // and its SVD oracle about 0.6 s.
+  // and its SVD oracle about 0.5 s.
   int host_threads = 0;
   // The share of time the job's device work may take (DutyCycle): config
   // key tune_duty_cycle. The clock: nullptr for the system's.
