@@ -22,6 +22,7 @@
 #include "self_improve/acceptance.h"
 #include "self_improve/candidate_abi.h"
 #include "self_improve/reference.h"
+#include "self_improve/seed_mix.h"
 #include "self_improve/space.h"
 
 namespace rvd::tune {
@@ -33,19 +34,12 @@ namespace {
 
 constexpr double kPi = 3.14159265358979323846;
 
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 // A stream of draws from one matrix's seed.
 struct Draws {
   uint64_t state;
   // splitmix64: each draw a function of its index, so that consecutive draws
   // do not wait on one another.
-  uint64_t Next() { return Mix(state += 0x9e3779b97f4a7c15ull); }
+  uint64_t Next() { return SplitMix64(state += 0x9e3779b97f4a7c15ull); }
   // Near-normal, variance 1: four 16-bit uniforms summed (Irwin-Hall).
   // (The four summed as integers: the same value as summing the quotients.)
   double Normal() {
@@ -491,7 +485,7 @@ void DutyCycle::Done(absl::Time start) {
 std::vector<uint8_t> RealizeMatrix(const MatrixPlan& p, DType dtype) {
   const int n = std::min(p.rows, p.cols), k = std::max(p.rows, p.cols);
   const bool tall = p.rows > p.cols;
-  Draws d{Mix(p.seed ^ 0x5eedf00dull)};
+  Draws d{SplitMix64(p.seed ^ 0x5eedf00dull)};
   std::vector<double> wide = WideValues(p, n, k, d);
   // The bad entry is placed in the stored (rows x cols) orientation.
   const size_t bad = tall ? static_cast<size_t>(p.bad_col) * k + p.bad_row

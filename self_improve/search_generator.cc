@@ -10,18 +10,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
+#include "self_improve/seed_mix.h"
 
 namespace rvd::tune {
 namespace {
 
 enum Knob { kTile, kWarps, kStages, kSplit, kVector, kSlice, kFamily, kKnobs };
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // How much a bottleneck favours moving each knob (1: no preference).
 int Weight(Bottleneck b, Knob k) {

@@ -9,19 +9,13 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "self_improve/seed_mix.h"
 #include "self_improve/space.h"
 
 namespace rvd::tune {
 namespace {
 
 enum Purpose { kVerifySeed = 1, kHeldOutSeed = 2, kBenchSeed = 3, kProfileSeed = 4 };
-
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 AcceptanceRules RulesOf(const LoopConfig& c) {
   AcceptanceRules r;
@@ -43,8 +37,8 @@ const char* StopReasonName(StopReason r) {
 }
 
 uint64_t TuneLoop::DeriveSeed(uint64_t secret, int iteration, int purpose) {
-  return Mix(Mix(secret) ^ Mix(static_cast<uint64_t>(iteration) << 8 |
-                               static_cast<uint64_t>(purpose)));
+  return SplitMix64(SplitMix64(secret) ^
+                    SplitMix64(static_cast<uint64_t>(iteration) << 8 | static_cast<uint64_t>(purpose)));
 }
 
 TuneLoop::TuneLoop(LoopConfig config, Compiler& compiler, Verifier& verifier,

@@ -11,21 +11,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "self_improve/seed_mix.h"
 
 namespace rvd::tune {
 namespace {
 
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 // A stream of draws from one seed.
 struct Draws {
   uint64_t state;
-  uint64_t Next() { return state = Mix(state); }
+  uint64_t Next() { return state = SplitMix64(state); }
   int Below(int n) { return static_cast<int>(Next() % static_cast<uint64_t>(n)); }
 };
 
@@ -72,7 +66,7 @@ const char* MatrixKindName(MatrixKind k) {
 std::vector<InputPlan> PlanInputs(const TuneTarget& target, uint64_t seed, int inputs,
                                   int checked_per_shape) {
   std::vector<InputPlan> plans;
-  Draws d{Mix(seed ^ 0x1badb002ull)};
+  Draws d{SplitMix64(seed ^ 0x1badb002ull)};
   for (int i = 0; i < inputs; ++i) {
     InputPlan p;
     for (const TuneShape& s : target.shapes) {
