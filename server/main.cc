@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
   // calls stop at the next checkpoint (a tile, a chunk); one that still does
   // not return (a long BLAS or cuSOLVER call) is not waited for. The 2 s
   // past the grace are for that checkpoint and the teardown of gRPC and the
-  // metrics server (about 1 s).
+  // metrics server (0.1-0.2 s).
   absl::Notification stopped;
   std::thread stopper([&] {
     (*server)->Shutdown();

@@ -3,12 +3,21 @@
 #include <CivetServer.h>
 #include <civetweb.h>
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <exception>
 #include <string>
-#include "absl/strings/string_view.h"
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "server/config.h"
 
 namespace rvd {
@@ -87,7 +96,61 @@ int Error(mg_connection* conn, int status, const char* /*message*/) {
   return 0;
 }
 
+// The host a local client reaches a listener bound to `host` at: a
+// wildcard binding through loopback, any other as written (unbracketed).
+std::string LocalHost(const std::string& host) {
+  if (host.empty() || host == "0.0.0.0") return "127.0.0.1";
+  if (host == "[::]") return "::1";
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    return host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+// Opens and closes one TCP connection to host:port, giving up after 100 ms;
+// whether it connects does not matter to the caller.
+void Knock(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) {
+    return;
+  }
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    timeval timeout{0, 100 * 1000};  // bounds connect() on Linux
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+    const bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    close(fd);
+    if (connected) break;
+  }
+  freeaddrinfo(found);
+}
+
 }  // namespace
+
+void StopMetricsHttp(const std::string& address,
+                     std::unique_ptr<prometheus::Exposer> exposer) {
+  if (exposer == nullptr) return;
+  absl::StatusOr<HostPort> hp = ParseHostPort("metrics address", address);
+  const std::string host = hp.ok() ? LocalHost(hp->host) : "127.0.0.1";
+  const std::vector<int> ports = exposer->GetListeningPorts();
+  absl::Notification stopped;
+  std::thread stopper([&] {
+    exposer.reset();
+    stopped.Notify();
+  });
+  // A knock before civetweb sees its stop flag is served as an empty
+  // request (the connection is already closed); one after it wakes the
+  // accept loop, which then exits.
+  while (!stopped.WaitForNotificationWithTimeout(absl::Milliseconds(10))) {
+    for (int port : ports) Knock(host, port);
+  }
+  stopper.join();
+}
 
 absl::StatusOr<std::unique_ptr<prometheus::Exposer>> StartMetricsHttp(
     const std::string& address,

@@ -177,6 +177,7 @@ class ServerImpl final : public Server {
           StartMetricsHttp(config.metrics_address, metrics_);
       if (!exposer.ok()) return exposer.status();
       exposer_ = *std::move(exposer);
+      metrics_address_ = config.metrics_address;
       if (store_metrics_ != nullptr) exposer_->RegisterCollectable(store_metrics_);
       if (watch_metrics_ != nullptr) exposer_->RegisterCollectable(watch_metrics_);
       exposer_->RegisterCollectable(live_metrics_);
@@ -252,7 +253,7 @@ class ServerImpl final : public Server {
       // No call reaches the registry any more: release every live model
       // (its snapshots finished, mappings closed) before the engine goes.
       live_->Stop();
-      exposer_.reset();
+      StopMetricsHttp(metrics_address_, std::move(exposer_));
       // Running tuning jobs stop at their next step, resumable from their logs.
       tune_jobs_.reset();
     });
@@ -302,6 +303,7 @@ class ServerImpl final : public Server {
   std::shared_ptr<Metrics> metrics_;
   RvdService service_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::string metrics_address_;  // where exposer_ listens
   std::unique_ptr<grpc::Server> grpc_;
   std::unique_ptr<EngineHealthWatch> health_watch_;
   std::unique_ptr<CheckpointReader> checkpoints_;  // MeasurePath's, the watcher's

@@ -13,7 +13,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from rvdtest import RVD, Daemon, grpc, rvd_pb2
+from rvdtest import RVD, TIME_SCALE, Daemon, free_port, grpc, rvd_pb2, scrape
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -165,6 +165,22 @@ def test_sighup_and_sigusr1_do_not_stop_rvd(tmp_path):
         assert "received SIGUSR1: compute:" in d.log_text()
     finally:
         assert d.stop() == 0
+
+
+@pytest.mark.parametrize("bind", ["127.0.0.1", "0.0.0.0"])
+def test_sigterm_on_an_idle_rvd_exits_at_once_after_a_scrape(tmp_path, bind):
+    # civetweb 1.15 looks at its stop flag every 2 s unless a connection
+    # wakes it: a plain Exposer destruction made this 2.0 s, every time.
+    port = free_port()
+    d = Daemon(tmp_path, metrics_address=f"{bind}:{port}")
+    d.metrics_address = f"127.0.0.1:{port}"
+    assert "rvd_live_releases_total" in scrape(d)
+    start = time.time()
+    d.proc.send_signal(signal.SIGTERM)
+    assert d.proc.wait(timeout=10) == 0
+    took = time.time() - start
+    assert took < 1.0 * TIME_SCALE, took
+    assert "stopped" in d.log_text()
 
 
 def test_sigterm_exits_at_the_grace_deadline_during_a_long_computation(tmp_path):
