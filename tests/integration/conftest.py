@@ -3,7 +3,7 @@ import pathlib
 
 import pytest
 
-from rvdtest import Daemon
+from rvdtest import Daemon, ExitWithoutGrpcShutdown
 
 
 @pytest.fixture(scope="module")
@@ -15,6 +15,7 @@ def daemon(tmp_path_factory):
 
 
 def pytest_configure(config):
+    config.pluginmanager.register(ExitWithoutGrpcShutdown())
     # pytest creates --basetemp without its parents (ctest passes
     # BUILD/pytest-tmp/integration_NAME, as tests/deploy's conftest says).
     if config.option.basetemp:

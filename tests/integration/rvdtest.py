@@ -17,6 +17,7 @@ import time
 import urllib.request
 
 import numpy as np
+import pytest
 
 BUILD = pathlib.Path(os.environ.get("RVD_BUILD_DIR", "build")).resolve()
 sys.path.insert(0, str(BUILD / "python"))
@@ -31,6 +32,27 @@ RVD = BUILD / "bin" / "rvd"
 # the tests' time bounds are multiplied by this.
 TIME_SCALE = 3.0 if "ASAN_OPTIONS" in os.environ else 1.0
 RVCTL = BUILD / "bin" / "rvctl"
+
+
+class ExitWithoutGrpcShutdown:
+    """A pytest plugin (registered by each conftest's pytest_configure): once
+    pytest is done, the process exits with its status at once. Debian 12's
+    grpcio (1.51) shuts gRPC down at interpreter exit and that can wait for
+    its thread pool forever: seen once in CI, where every test of
+    tests/python had passed and the process then logged "Waiting for thread
+    pool to idle before shutting down" every 3 s until ctest's timeout. The
+    results are final by then; nothing after them is worth that risk."""
+
+    status = 0
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        self.status = int(exitstatus)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_unconfigure(self, config):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(self.status)
 
 
 def free_port():

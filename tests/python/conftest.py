@@ -13,6 +13,11 @@ sys.path.insert(1, str(ROOT / "tests" / "integration"))
 sys.path.insert(2, str(pathlib.Path(__file__).resolve().parent))
 
 from daemons import start_daemon  # noqa: E402
+from rvdtest import ExitWithoutGrpcShutdown  # noqa: E402
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(ExitWithoutGrpcShutdown())
 
 
 @pytest.fixture(scope="module")
