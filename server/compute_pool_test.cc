@@ -116,5 +116,57 @@ TEST(ComputePoolTest, CancelledCallerLeavesTheQueue) {
   EXPECT_FALSE(ran);
 }
 
+TEST(ComputePoolTest, RunHereIfIdleRunsOnTheCallerWhileAWorkerIsFree) {
+  ComputePool pool(1, 4);
+  std::thread::id ran_on;
+  ASSERT_TRUE(pool.RunHereIfIdle([&] { ran_on = std::this_thread::get_id(); }).ok());
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+  EXPECT_EQ(pool.Stats().waits_total, 1);
+  EXPECT_EQ(pool.Stats().running, 0);
+}
+
+TEST(ComputePoolTest, RunHereIfIdleQueuesWhenEveryWorkerIsBusy) {
+  ComputePool pool(1, 4);
+  absl::Notification release;
+  std::vector<std::thread> busy = Occupy(pool, 1, release);
+  std::thread::id caller_id, ran_on;
+  std::thread caller([&] {
+    caller_id = std::this_thread::get_id();
+    EXPECT_TRUE(pool.RunHereIfIdle([&] { ran_on = std::this_thread::get_id(); }).ok());
+  });
+  while (pool.Stats().queued < 1) absl::SleepFor(absl::Milliseconds(1));
+  release.Notify();
+  caller.join();
+  for (std::thread& t : busy) t.join();
+  EXPECT_NE(ran_on, caller_id);  // a worker's
+}
+
+TEST(ComputePoolTest, AJobOnItsCallerTakesAWorkersPlace) {
+  // One worker: while a job runs on its caller, a queued job waits, so
+  // never more jobs run at once than there are workers.
+  ComputePool pool(1, 4);
+  absl::Notification started, release;
+  std::thread here([&] {
+    EXPECT_TRUE(pool.RunHereIfIdle([&] {
+                  started.Notify();
+                  release.WaitForNotification();
+                }).ok());
+  });
+  started.WaitForNotification();
+  std::atomic<bool> ran{false};
+  std::thread queued([&] { EXPECT_TRUE(pool.Run([&] { ran = true; }).ok()); });
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (pool.Stats().queued < 1 && !ran && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(pool.Stats().running, 1);
+  release.Notify();
+  here.join();
+  queued.join();
+  EXPECT_TRUE(ran);
+}
+
 }  // namespace
 }  // namespace rvd

@@ -1,6 +1,5 @@
 #include "server/live_metrics.h"
 
-#include <limits>
 #include <map>
 #include <string>
 #include <utility>
@@ -39,24 +38,17 @@ std::vector<MetricFamily> LiveMetrics::Collect() const {
                          "outcome", s.notifications));
   single("rvd_live_snapshots_total", "Snapshots of live weights taken", MetricType::Counter,
          static_cast<double>(s.snapshots));
-  MetricFamily h = NewFamily("rvd_live_snapshot_seconds",
-                          "From a notification to its snapshot's copy finished",
-                          MetricType::Histogram);
-  ClientMetric hm;
-  hm.histogram.sample_count = static_cast<uint64_t>(s.snapshot_seconds_count);
-  hm.histogram.sample_sum = s.snapshot_seconds_sum;
-  uint64_t cumulative = 0;
-  for (size_t b = 0; b < s.snapshot_bucket_counts.size(); ++b) {
-    cumulative += static_cast<uint64_t>(s.snapshot_bucket_counts[b]);
-    ClientMetric::Bucket bucket;
-    bucket.cumulative_count = cumulative;
-    bucket.upper_bound = b < s.snapshot_bucket_bounds.size()
-                             ? s.snapshot_bucket_bounds[b]
-                             : std::numeric_limits<double>::infinity();
-    hm.histogram.bucket.push_back(bucket);
-  }
-  h.metric.push_back(std::move(hm));
-  out.push_back(std::move(h));
+  auto histogram = [&out](const char* name, const char* help, ClientMetric m) {
+    MetricFamily f = NewFamily(name, help, MetricType::Histogram);
+    f.metric.push_back(std::move(m));
+    out.push_back(std::move(f));
+  };
+  histogram("rvd_live_snapshot_seconds",
+            "From rvd's receipt of a notification to its snapshot's copy finished",
+            s.snapshot_seconds);
+  histogram("rvd_live_measurement_seconds",
+            "From rvd's receipt of a notification to its measurement computed",
+            s.measurement_seconds);
   single("rvd_live_measurements_total", "Measurements of live models recorded",
          MetricType::Counter, static_cast<double>(s.measured));
   out.push_back(Labelled("rvd_live_releases_total", "Live models released, by reason", "reason",

@@ -12,6 +12,8 @@
 //   rvd_live_snapshots_total                counter, snapshots taken
 //   rvd_live_snapshot_seconds               histogram, notification to the
 //                                           snapshot's copy finished
+//   rvd_live_measurement_seconds            histogram, notification to its
+//                                           measurement computed
 //   rvd_live_measurements_total             counter, live measurements
 //                                           recorded
 //   rvd_live_releases_total{reason}         counter, models released:

@@ -43,6 +43,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -55,6 +56,8 @@
 #include "absl/time/time.h"
 #include "kernels/engine.h"
 #include "kernels/live_device.h"
+#include "prometheus/client_metric.h"
+#include "prometheus/histogram.h"
 #include "rvd/v1/rvd.pb.h"
 #include "server/compute_pool.h"
 #include "server/measurement_log.h"
@@ -92,12 +95,12 @@ struct LiveStats {
   // "forced", "first", "interval", "adaptive_check"), "busy", "error".
   std::map<std::string, int64_t> notifications;
   int64_t snapshots = 0;  // snapshots taken (registration's included)
-  // rvd_live_snapshot_seconds: notification (or registration) to the
-  // snapshot's copy finished, as seen by rvd.
-  std::vector<double> snapshot_bucket_bounds;     // upper bounds, seconds
-  std::vector<int64_t> snapshot_bucket_counts;    // per bound (not cumulative), + overflow
-  double snapshot_seconds_sum = 0;
-  int64_t snapshot_seconds_count = 0;
+  // From rvd's receipt of a notification (or registration), as seen by rvd:
+  // to its snapshot's copy finished (rvd_live_snapshot_seconds), and to its
+  // measurement computed (rvd_live_measurement_seconds: the measurement's
+  // timestamp minus its notified).
+  prometheus::ClientMetric snapshot_seconds;
+  prometheus::ClientMetric measurement_seconds;
   // Releases by reason: "unregister", "replaced", "producer_exit",
   // "lease", "shutdown".
   std::map<std::string, int64_t> releases;
@@ -157,7 +160,11 @@ class LiveRegistry {
       const rvd::v1::NotifyStepRequest& request, std::shared_ptr<Model>* model,
       std::shared_ptr<Taken>* taken) ABSL_LOCKS_EXCLUDED(mu_);
   void Enqueue(std::shared_ptr<Model> model, std::shared_ptr<Taken> taken);
-  // Finishes, decides and measures one snapshot (on a compute worker).
+  // Finishes and decides `taken`, then computes its measurement (on a
+  // compute worker); nullopt when it is not measured (a check under the
+  // threshold, a failed copy).
+  absl::StatusOr<std::optional<rvd::v1::Measurement>> Measure(Model& model, Taken& taken);
+  // Measures one snapshot and records it.
   void RunJob(Model& model, Taken& taken);
   // Drops one the dispatcher will not measure (finished, nothing recorded).
   void Abandon(Model& model, Taken& taken);
@@ -170,7 +177,7 @@ class LiveRegistry {
   void Wake();      // interrupts the watcher's poll
   void CountNotification(const std::string& outcome);
   void CountSnapshot(double seconds);
-  void CountMeasured();
+  void CountMeasured(const rvd::v1::Measurement& m);
 
   Engine& engine_;
   LiveDevice* const live_;  // null: no device
@@ -188,6 +195,8 @@ class LiveRegistry {
   // A leaf lock: counted from under any other.
   mutable absl::Mutex stats_mu_;
   LiveStats stats_ ABSL_GUARDED_BY(stats_mu_);
+  prometheus::Histogram snapshot_seconds_;     // thread-safe itself
+  prometheus::Histogram measurement_seconds_;  // thread-safe itself
 
   // Mappings by (producer, kind, handle bytes), opened and closed under
   // segments_mu_ so that one handle is never mapped twice at once.

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/time_util.h"
 #include "gtest/gtest.h"
 #include "kernels/pr_check.h"
 #include "kernels/test_matrices.h"
@@ -38,6 +39,7 @@ using rvd::v1::NotifyStepRequest;
 using rvd::v1::NotifyStepResponse;
 using rvd::v1::RegisterLiveModelRequest;
 using rvd::v1::RegisterLiveModelResponse;
+using ::google::protobuf::util::TimeUtil;
 using ::testing::HasSubstr;
 
 // The CPU engine's algebraic PR (f32 data, float64 reductions) against the
@@ -278,6 +280,9 @@ TEST_F(LiveRegistryTest, InferenceMeasuresAtRegistrationAndAnswersFromIt) {
   ASSERT_TRUE(r->has_measurement());
   EXPECT_EQ(r->measurement().step(), 0);
   EXPECT_GT(r->measurement().sequence(), 0u);
+  EXPECT_TRUE(r->measurement().has_notified());  // the registration's receipt
+  EXPECT_LE(TimeUtil::TimestampToNanoseconds(r->measurement().notified()),
+            TimeUtil::TimestampToNanoseconds(r->measurement().timestamp()));
   ExpectMatches(r->measurement(), layers);
 
   Perturb(layers, 0.5);  // an inference model is not looked at again
@@ -792,9 +797,18 @@ TEST_F(LiveRegistryTest, ShutdownReleasesEverything) {
 TEST_F(LiveRegistryTest, MetricsReadTheRegistry) {
   const std::vector<Layer> layers = Model();
   ASSERT_TRUE(registry_->Register(Request("m", layers)).ok());
+  const int64_t before = absl::ToUnixNanos(absl::Now());
   ASSERT_TRUE(Notify("m", 1).ok());
   ASSERT_TRUE(Notify("m", 2).ok());  // skipped (interval 100)
   registry_->Drain();
+  const int64_t after = absl::ToUnixNanos(absl::Now());
+  // The measurement says when rvd received its notification.
+  ASSERT_EQ(Recorded("m").size(), 1u);
+  const int64_t notified = TimeUtil::TimestampToNanoseconds(Recorded("m")[0].notified());
+  const int64_t computed = TimeUtil::TimestampToNanoseconds(Recorded("m")[0].timestamp());
+  EXPECT_LE(before, notified);
+  EXPECT_LE(notified, computed);
+  EXPECT_LE(computed, after);
   ASSERT_TRUE(registry_->Unregister("m").ok());
   LiveMetrics metrics(registry_.get());
   std::map<std::string, double> values;
@@ -818,6 +832,8 @@ TEST_F(LiveRegistryTest, MetricsReadTheRegistry) {
   EXPECT_EQ(values.at("rvd_live_snapshots_total"), 1);
   EXPECT_EQ(values.at("rvd_live_snapshot_seconds_count"), 1);
   EXPECT_EQ(values.at("rvd_live_snapshot_seconds_inf"), 1);
+  EXPECT_EQ(values.at("rvd_live_measurement_seconds_count"), 1);
+  EXPECT_EQ(values.at("rvd_live_measurement_seconds_inf"), 1);
   EXPECT_EQ(values.at("rvd_live_measurements_total"), 1);
   EXPECT_EQ(values.at("rvd_live_releases_total{reason=unregister}"), 1);
 }

@@ -46,6 +46,7 @@ def test_live_rpcs_on_the_cpu_backend(tmp_path):
         assert "rvd_live_segments_mapped 0" in text
         assert 'rvd_live_notifications_total{outcome="error"} 2' in text
         assert "rvd_live_snapshot_seconds_count 0" in text
+        assert "rvd_live_measurement_seconds_count 0" in text
         assert "live models: not served" in d.log_text()
     finally:
         d.stop()

@@ -13,6 +13,7 @@ import types
 from concurrent import futures
 
 import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
 import torch
 
 from rvd._stubs import rvd_pb2, rvd_pb2_grpc
@@ -173,6 +174,8 @@ class FakeRvd(rvd_pb2_grpc.RvdServicer):
         return math.sqrt(num / den) if den else math.inf
 
     def _measure(self, request, step, snapshot=None):
+        notified = Timestamp()
+        notified.GetCurrentTime()  # as rvd: its receipt of the notification
         layers = [t.spec.layer for t in request.tensors]
         self.sequence += 1
         if snapshot is None:
@@ -199,6 +202,7 @@ class FakeRvd(rvd_pb2_grpc.RvdServicer):
                 m.rv = g(late) / g(early)
             self.last_snapshot[request.header.model_id] = snapshot
         m.backend, m.sequence, m.elapsed_ms = "fake", self.sequence, 0.5
+        m.notified.CopyFrom(notified)
         m.timestamp.GetCurrentTime()
         self.measurements.append(m)
         self.lock.notify_all()

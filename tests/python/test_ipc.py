@@ -427,6 +427,7 @@ def test_monitor_training_follows_rvd(fake_rvd, with_optimizer):
     for r in mon.history:
         assert r.rv == r.step and r.per_layer_pr[4] == r.step + 0.04
         assert r.latency_ms is not None and r.latency_ms >= 0
+        assert r.rvd_ms is not None and 0 <= r.rvd_ms <= r.latency_ms
         assert r.elapsed_ms is not None and r.sequence > 0
     assert mon.rv == 9.0
     assert wait_for(lambda: sum(e[0] == "notify" for e in log) == 12)  # 12: in flight

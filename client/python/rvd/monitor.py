@@ -906,7 +906,8 @@ class RVMonitor:
             elapsed_ms=(time.monotonic() - times[0]) * 1e3 if times else None,
             per_head_pr=dict(m.per_head_pr), sequence=m.sequence,
             trigger="", engine_ms=m.elapsed_ms,
-            latency_ms=(m.timestamp - times[1]) * 1e3 if times else None)
+            latency_ms=(m.timestamp - times[1]) * 1e3 if times else None,
+            rvd_ms=(m.timestamp - m.notified) * 1e3 if m.notified is not None else None)
         with self._lock:  # its trigger: the answer came first, or comes later
             if self._mode == "training":
                 record.trigger = self._reasons.pop(m.step, "")

@@ -32,6 +32,7 @@ class Measurement:
     timestamp: float
     warnings: List[str]
     tensor_names: Dict[int, str] = field(default_factory=dict)
+    notified: Optional[float] = None  # live models: rvd's receipt of the notification
 
     @classmethod
     def from_proto(cls, m):
@@ -45,7 +46,8 @@ class Measurement:
             engine_version=m.engine_version, elapsed_ms=m.elapsed_ms,
             receive_ms=m.receive_ms, timestamp=_timestamp(m.timestamp),
             warnings=list(m.warnings),
-            tensor_names={l.layer: l.tensor_name for l in m.layers})
+            tensor_names={l.layer: l.tensor_name for l in m.layers},
+            notified=_timestamp(m.notified) if m.HasField("notified") else None)
 
 
 @dataclass
@@ -133,7 +135,8 @@ class RVMeasurement:
     monitored V set when the delta trigger computed it, else None;
     engine_ms: rvd's engine time; latency_ms (ipc transport): from the step
     notification to rvd's timestamp of the result (both the host's wall
-    clock), i.e. notification -> measurement recorded.
+    clock), i.e. notification -> measurement recorded; rvd_ms: rvd's share
+    of it, from its receipt of the notification.
     """
     rv: Optional[float]
     per_layer_pr: Dict[int, float]
@@ -146,3 +149,4 @@ class RVMeasurement:
     delta: Optional[float] = None
     engine_ms: Optional[float] = None
     latency_ms: Optional[float] = None
+    rvd_ms: Optional[float] = None
