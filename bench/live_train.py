@@ -478,7 +478,7 @@ def start_rvd(args):
     # room for three snapshots of an f32 7B V set (512 MiB each) beside the
     # engine's own buffers; the trainer uses under 50 GB of the H200's 141
     d = start_daemon(tmp, backend="cuda", compute_workers=4,
-                     cuda_max_device_bytes=16 << 30)
+                     cuda_max_device_bytes=16 << 30, log_level=args.rvd_log_level)
 
     def stop():
         code = d.stop()
@@ -513,6 +513,8 @@ def main():
     ap.add_argument("--copy-block-steps", type=int, default=6,
                     help="steps per block for the copy transport every step")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rvd-log-level", default="info",
+                    help="debug: each live measurement's timeline in rvd.log")
     ap.add_argument("--smoke-cpu", action="store_true")
     args = ap.parse_args()
     pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
